@@ -1,1 +1,6 @@
+"""Verifiers used as reward functions."""
 
+from mrl_lightning.rewards.base import RewardFunction
+from mrl_lightning.rewards.reasoning_gym import ReasoningGymAccuracy, extract_answer
+
+__all__ = ["ReasoningGymAccuracy", "RewardFunction", "extract_answer"]

@@ -1,0 +1,128 @@
+"""SharedExperienceExchange callback: publishes each step's SEE records (SPEC 1 step 4, SPEC 5).
+
+Thin adapter: the records and the buffer live in :mod:`mrl_lightning.exchange`. It
+publishes, for every policy and prompt, one GroupStatsRecord, one RolloutRecord per
+completion, and one SuccessRecord per completion the strict verifier accepted (never a
+self-reported success). The exchange is exposed as ``trainer.exchange`` for probes and
+is saved in checkpoints, so a resumed run has the same exchange contents.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from mrl_lightning.callbacks.base import MRLCallback
+from mrl_lightning.exchange import ExperienceExchange, GroupStatsRecord, RolloutRecord, SuccessRecord
+from mrl_lightning.thl import token_bytes, tokenizer_fingerprint
+
+RECORD_NAMES = ("rollout", "group_stats", "success")
+
+
+def _char_offsets(pieces: list[bytes], text: str) -> tuple[tuple[int, int], ...]:
+    """Character offsets of byte pieces in ``text`` (pieces inside one character share its span)."""
+    byte_to_char = []
+    for ci, ch in enumerate(text):
+        byte_to_char.extend([ci] * len(ch.encode("utf-8", errors="surrogatepass")))
+    out, pos = [], 0
+    for piece in pieces:
+        if not piece or pos >= len(byte_to_char):
+            out.append((len(text), len(text)) if piece else (0, 0))
+            pos += len(piece)
+            continue
+        start = byte_to_char[pos]
+        end_byte = min(pos + len(piece), len(byte_to_char)) - 1
+        out.append((start, byte_to_char[end_byte] + 1))
+        pos += len(piece)
+    return tuple(out)
+
+
+class SharedExperienceExchange(MRLCallback):
+    """Publishes typed records into an :class:`ExperienceExchange` every step.
+
+    Args:
+        capacity: Records held at most (oldest evicted first).
+        max_staleness: Records older than this many rollout steps are evicted; None = keep.
+        record_types: Which records to publish: any of "rollout", "group_stats", "success".
+        log_path: Append-only JSONL audit log; relative paths are inside the run folder.
+
+    Raises:
+        ValueError: unknown record type names.
+    """
+
+    def __init__(
+        self,
+        capacity: int = 100_000,
+        max_staleness: int | None = None,
+        record_types: list[str] | None = None,
+        log_path: str | None = None,
+    ) -> None:
+        record_types = list(record_types or RECORD_NAMES)
+        bad = [r for r in record_types if r not in RECORD_NAMES]
+        if bad:
+            raise ValueError(f"SharedExperienceExchange.record_types has unknown {bad}; valid: {list(RECORD_NAMES)}.")
+        self.capacity, self.max_staleness, self.record_types = capacity, max_staleness, record_types
+        self.log_path = log_path
+        self.exchange = ExperienceExchange(capacity=capacity, max_staleness=max_staleness)
+
+    def setup(self, trainer, system, datamodule) -> None:
+        if self.log_path:
+            path = self.log_path if os.path.isabs(self.log_path) else os.path.join(trainer.log_dir, self.log_path)
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            self.exchange = ExperienceExchange(capacity=self.capacity, max_staleness=self.max_staleness,
+                                               log_path=path)
+        trainer.exchange = self.exchange
+
+    def records_for(self, scored, step: int, policy, verifier) -> list:
+        """SEE records of one policy's scored rollouts."""
+        out: list = []
+        r = scored.rollouts
+        g = scored.num_generations
+        fingerprint = tokenizer_fingerprint(policy.tokenizer)
+        for b, item in enumerate(scored.items):
+            rewards = scored.rewards[b]
+            valid = rewards[~torch.isnan(rewards)]
+            if "group_stats" in self.record_types:
+                out.append(GroupStatsRecord(
+                    prompt_id=item.prompt_id, source=scored.policy, step=step, n=int(valid.numel()),
+                    reward_mean=float(valid.mean()) if valid.numel() else float("nan"),
+                    reward_std=float(valid.std()) if valid.numel() > 1 else 0.0,
+                    success_count=int(scored.success[b].sum()),
+                ))
+            for k in range(g):
+                row = b * g + k
+                text = r.completion_texts[row]
+                if "rollout" in self.record_types:
+                    ids = r.completion_ids[row][r.completion_mask[row]].tolist()
+                    out.append(RolloutRecord(
+                        prompt_id=item.prompt_id, source=scored.policy, step=step, completion_text=text,
+                        token_ids=tuple(ids), logprobs=tuple(r.old_logprobs[row][r.completion_mask[row]].tolist()),
+                        offsets=_char_offsets(token_bytes(policy.tokenizer, ids), text),
+                        reward=float(rewards[k]), finish_reason=r.finish_reasons[row],
+                        tokenizer_fingerprint=fingerprint,
+                    ))
+                if "success" in self.record_types and bool(scored.success[b, k]):
+                    out.append(SuccessRecord(
+                        prompt_id=item.prompt_id, source=scored.policy, step=step, completion_text=text,
+                        reward=float(scored.verifier_rewards[row]),
+                        verifier=verifier.name, verifier_version=verifier.version,
+                    ))
+        return out
+
+    def on_rollouts_end(self, trainer, system, scored: dict) -> None:
+        step = trainer.rollout_step
+        for name, s in scored.items():
+            self.exchange.publish(self.records_for(s, step, system.policies[name], system.verifier))
+        self.exchange.advance(step)
+
+    def on_train_step_end(self, trainer, system, metrics: dict) -> None:
+        metrics.update(self.exchange.metrics())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"exchange": self.exchange.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.exchange.load_state_dict(state_dict["exchange"])
+

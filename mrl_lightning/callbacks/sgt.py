@@ -1,0 +1,142 @@
+"""SuccessGatedTransfer callback: SGT on top of GRPO (SPEC 3.4).
+
+Thin adapter over :mod:`mrl_lightning.probes.sgt`: reads verified peer SuccessRecords
+from SEE (``trainer.exchange``), retokenizes them behind the receiver's own prompt with
+THL, and adds the transfer loss to the receiver's batch. Needs the
+``SharedExperienceExchange`` callback earlier in the list.
+
+Logged under ``probe/sgt/<policy>/``: ``rescue_set_size`` (prompts), ``transfers``
+(demos), ``nll_nats`` (mean per-token NLL of the transferred demos),
+``rescued_later_solved_share`` (of rescued prompts seen again, the share the receiver
+then solved on-policy), ``retokenize_failures``.
+"""
+
+from __future__ import annotations
+
+from mrl_lightning.errors import ConfigError
+
+from typing import Any
+
+import torch
+
+from mrl_lightning.callbacks.base import MRLCallback
+from mrl_lightning.exchange import SuccessRecord
+from mrl_lightning.probes.sgt import pad_demos, rescue_set, sgt_loss
+from mrl_lightning.thl import retokenize
+
+
+class _SGTTransferLoss:
+    name = "sgt"
+
+    def __init__(self, demos, lambda_sgt: float, advantage_plus: float, tag: str) -> None:
+        self.demos, self.lambda_sgt, self.advantage_plus, self.tag = demos, lambda_sgt, advantage_plus, tag
+
+    def __call__(self, policy, model) -> tuple[torch.Tensor, dict[str, float]]:
+        p_ids, p_mask, c_ids, c_mask = pad_demos(self.demos, policy.tokenizer.pad_token_id)
+        device = next(policy.model.parameters()).device
+        logp, _ = policy.completion_logprobs(p_ids.to(device), p_mask.to(device), c_ids.to(device),
+                                             c_mask.to(device), model=model)
+        c_mask = c_mask.to(device)
+        nll = float((-(logp.detach() * c_mask).sum() / c_mask.sum().clamp(min=1)))
+        return sgt_loss(logp, c_mask, self.lambda_sgt, self.advantage_plus), {f"{self.tag}/nll_nats": nll}
+
+
+class SuccessGatedTransfer(MRLCallback):
+    """Success-Gated Transfer probe.
+
+    Args:
+        lambda_sgt: Transfer weight lambda (SPEC 3.4). FIELD_NOTES: ~0.1 keeps the strong
+            part; 1.0 made a tiny GPT-2 forget it.
+        lambda_per_policy: Optional per-receiver overrides of ``lambda_sgt`` by policy name.
+        advantage_plus: A_plus given to a verified success.
+        kappa: A prompt is rescued when the receiver's own success rate <= kappa.
+        max_transfers_per_prompt: m, distinct verified peer successes per rescue prompt.
+        max_staleness: Use peer successes at most this many rollout steps old (the
+            bounded per-prompt memory); None = any still held by the exchange.
+        receivers: Policies that receive transfers; None = all.
+
+    Raises:
+        ValueError: out-of-range values (all at once).
+    """
+
+    def __init__(
+        self,
+        lambda_sgt: float = 0.1,
+        lambda_per_policy: dict[str, float] | None = None,
+        advantage_plus: float = 1.0,
+        kappa: float = 0.0,
+        max_transfers_per_prompt: int = 1,
+        max_staleness: int | None = None,
+        receivers: list[str] | None = None,
+    ) -> None:
+        errors = []
+        if lambda_sgt < 0 or any(v < 0 for v in (lambda_per_policy or {}).values()):
+            errors.append(f"SuccessGatedTransfer.lambda_sgt must be >= 0; got {lambda_sgt}, {lambda_per_policy}.")
+        if not 0.0 <= kappa <= 1.0:
+            errors.append(f"SuccessGatedTransfer.kappa={kappa} must be in [0, 1].")
+        if max_transfers_per_prompt < 1:
+            errors.append(f"SuccessGatedTransfer.max_transfers_per_prompt={max_transfers_per_prompt} must be >= 1.")
+        if max_staleness is not None and max_staleness < 0:
+            errors.append(f"SuccessGatedTransfer.max_staleness={max_staleness} must be >= 0 or null.")
+        if errors:
+            raise ConfigError("\n".join(errors))
+        self.lambda_sgt, self.lambda_per_policy = lambda_sgt, dict(lambda_per_policy or {})
+        self.advantage_plus, self.kappa = advantage_plus, kappa
+        self.max_transfers_per_prompt, self.max_staleness = max_transfers_per_prompt, max_staleness
+        self.receivers = receivers
+        self.rescued: dict[str, set[str]] = {}
+        self.solved_after_rescue: dict[str, set[str]] = {}
+
+    def config_errors(self, trainer, system) -> list[str]:
+        errors = []
+        names = list(system.policies)
+        for name in list(self.lambda_per_policy) + list(self.receivers or []):
+            if name not in names:
+                errors.append(f"SuccessGatedTransfer names policy {name!r}, which is not in model.policies {names}.")
+        if not any(type(cb).__name__ == "SharedExperienceExchange" for cb in trainer.callbacks):
+            errors.append("SuccessGatedTransfer reads SuccessRecords from SEE: add a SharedExperienceExchange "
+                          "callback before it (callbacks/sgt.yaml has both).")
+        return errors
+
+    def on_compose_batch(self, trainer, system, policy, batch) -> None:
+        name = policy.policy_name
+        if self.receivers is not None and name not in self.receivers:
+            return
+        items = batch.scored.items
+        own = batch.scored.success
+        tag = f"probe/sgt/{name}"
+        rescued, solved = self.rescued.setdefault(name, set()), self.solved_after_rescue.setdefault(name, set())
+        for b, item in enumerate(items):
+            if item.prompt_id in rescued and bool(own[b].any()):
+                solved.add(item.prompt_id)
+        records = trainer.exchange.query(SuccessRecord, receiver=name, step=trainer.rollout_step,
+                                         prompt_ids=[x.prompt_id for x in items], max_staleness=self.max_staleness)
+        peer: dict[str, list[str]] = {}
+        for rec in reversed(records):  # newest first
+            peer.setdefault(rec.prompt_id, []).append(rec.completion_text)
+        chosen = rescue_set(own, [x.prompt_id for x in items], peer, self.kappa, self.max_transfers_per_prompt)
+        demos, failures = [], 0
+        for b, texts in chosen.items():
+            rescued.add(items[b].prompt_id)
+            for text in texts:
+                r = retokenize(policy.tokenizer, batch.scored.prompt_texts[b], text, add_eos=True)
+                if not r.round_trip_ok:
+                    failures += 1
+                    continue
+                demos.append((r.prompt_ids[-policy.max_prompt_length:], r.completion_ids))
+        weight = self.lambda_per_policy.get(name, self.lambda_sgt)
+        if demos and weight > 0:
+            batch.aux_losses.append(_SGTTransferLoss(demos, weight, self.advantage_plus, tag))
+        batch.metrics.update({
+            f"{tag}/rescue_set_size": float(len(chosen)), f"{tag}/transfers": float(len(demos)),
+            f"{tag}/retokenize_failures": float(failures),
+            f"{tag}/rescued_later_solved_share": len(solved) / max(len(rescued), 1),
+        })
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rescued": {k: sorted(v) for k, v in self.rescued.items()},
+                "solved_after_rescue": {k: sorted(v) for k, v in self.solved_after_rescue.items()}}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.rescued = {k: set(v) for k, v in state_dict["rescued"].items()}
+        self.solved_after_rescue = {k: set(v) for k, v in state_dict["solved_after_rescue"].items()}

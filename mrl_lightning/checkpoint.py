@@ -1,0 +1,73 @@
+"""Atomic checkpoints holding only weights-only-loadable values (SPEC 1 step 7).
+
+LightningCLI reads ``--ckpt_path`` with ``torch.load(weights_only=True)`` before
+building anything (FIELD_NOTES), so a checkpoint holds only tensors, numbers, strings,
+lists, tuples and dicts: no custom classes. Writes go to a temporary file in the same
+folder, are flushed to disk, then renamed over the target, so a crash mid-write never
+corrupts the last good checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """``torch.save`` to ``path`` atomically (temp file + fsync + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(obj, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load a checkpoint written by :func:`atomic_save` (weights-only).
+
+    Raises:
+        FileNotFoundError: no file at ``path`` (says how to find checkpoints).
+        ValueError: the file is not an mrl-lightning checkpoint.
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"ckpt_path={str(path)!r} does not exist. Checkpoints are written to "
+                                "<run folder>/checkpoints/ (e.g. runs/default/version_0/checkpoints/last.ckpt).")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or state.get("format") != "mrl-lightning":
+        raise ValueError(f"ckpt_path={str(path)!r} is not an mrl-lightning checkpoint (no 'format' marker).")
+    return state
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy and torch RNG states as weights-only-safe values."""
+    np_state = np.random.get_state()
+    py_version, py_state, py_gauss = random.getstate()
+    return {
+        "python": [py_version, list(py_state), py_gauss],
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch": torch.get_rng_state(),
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of :func:`rng_state`."""
+    version, values, gauss = state["python"]
+    random.setstate((version, tuple(values), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])

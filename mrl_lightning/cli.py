@@ -1,0 +1,79 @@
+"""The ``mrl`` command.
+
+``mrl fit --config configs/default.yaml [--config callbacks/sgt.yaml] [--trainer.max_steps N]``
+runs training through LightningCLI with :class:`MRLTrainer` (a Fabric loop, not a
+``Trainer`` subclass), so ``--print_config``, stacked ``--config`` files, dotted
+overrides and ``--ckpt_path`` behave as Lightning users expect. The resolved config is
+saved as ``config.yaml`` in the run folder.
+
+``mrl thl ...`` (THL alignment report) and ``mrl bandit ...`` (contextual-bandit
+analysis) are plain sub-programs; ``mrl thl --help`` and ``mrl bandit --help`` say more.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from mrl_lightning.data.reasoning_gym import ReasoningGymDataModule
+from mrl_lightning.errors import ConfigError
+from mrl_lightning.system import MutualRL
+from mrl_lightning.trainer import MRLTrainer
+
+
+class MRLCLI(LightningCLI):
+    """LightningCLI wired to MutualRL, a data module (``class_path``) and MRLTrainer."""
+
+    def __init__(self, args=None, run: bool = True) -> None:
+        super().__init__(
+            model_class=MutualRL,
+            datamodule_class=ReasoningGymDataModule,
+            trainer_class=MRLTrainer,
+            save_config_callback=None,
+            subclass_mode_data=True,
+            auto_configure_optimizers=False,
+            seed_everything_default=0,
+            args=args,
+            run=run,
+            parser_kwargs={"fit": {"default_env": False}},
+        )
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """Only ``fit`` is implemented; model and datamodule come from the config."""
+        return {"fit": {"model", "datamodule"}}
+
+    def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # MRLTrainer owns a Fabric; it is added without Trainer's assumptions.
+        parser.add_class_arguments(MRLTrainer, "trainer", fail_untyped=False, instantiate=False, sub_configs=True)
+        parser.add_lightning_class_args(MutualRL, "model")
+        parser.add_lightning_class_args(ReasoningGymDataModule, "data", subclass_mode=True)
+
+    def before_fit(self) -> None:
+        """Hand the resolved config to the trainer, which saves it in the run folder."""
+        self.trainer.config_text = self._parser("fit").dump(self.config["fit"], skip_none=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``mrl``."""
+    from_shell = argv is None
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "thl":
+        from mrl_lightning.thl.cli import main as thl_main
+
+        return thl_main(argv[1:])
+    if argv and argv[0] == "bandit":
+        from mrl_lightning.analysis.cli import main as bandit_main
+
+        return bandit_main(argv[1:])
+    try:
+        MRLCLI(args=None if from_shell else argv)
+    except ConfigError as exc:
+        print(f"mrl: configuration error:\n{exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,364 @@
+"""PolicyModule: one causal LM under GRPO, with its own tokenizer, template and objective.
+
+Each policy owns its weights, tokenizer, prompt template, optimizer and GRPO settings
+(SPEC 0, 2). The model is loaded with ``from_pretrained`` from a local folder or a hub
+id, or materialized by a recipe (e.g. :class:`~mrl_lightning.recipes.tiny.TinyCausalLM`)
+that writes such a folder first. A frozen reference model exists only when beta > 0.
+
+Shapes: B prompts, G = ``num_generations``, N = B*G, P prompt length, L completion
+length, V vocabulary. Log-probs are float32 nats of the temperature-scaled policy
+(logits / temperature, as TRL), computed as gather minus logsumexp on completion
+positions only (``logits_to_keep``), since the vocabulary dominates cost on a CPU.
+"""
+
+from __future__ import annotations
+
+from mrl_lightning.errors import ConfigError
+
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor
+
+from mrl_lightning.objectives.grpo import LOSS_TYPES, SCALE_REWARDS
+from mrl_lightning.recipes.tiny import TinyCausalLM
+
+
+def _looks_local(path: str) -> bool:
+    return path.startswith((".", "/", "~")) or os.path.isabs(path) or os.sep in path and os.path.exists(path)
+
+
+class PolicyModule(pl.LightningModule):
+    """One policy.
+
+    Args:
+        name: Unique name, used in log tags and SEE records.
+        model: A local folder or hub id for ``AutoModelForCausalLM.from_pretrained``, or a
+            recipe that builds such a folder (e.g. ``TinyCausalLM``).
+        tokenizer: Folder or hub id of the tokenizer; defaults to the model's.
+        prompt_template: ``str.format`` template over the prompt fields (``{question}``).
+        completion_template: Template of a reference completion (``{answer}``), used by
+            warm-start recipes only.
+        pad_token: Set the tokenizer's pad token when it has none (e.g. its EOS text).
+        learning_rate: AdamW learning rate (TRL ``learning_rate``).
+        weight_decay: AdamW weight decay.
+        max_grad_norm: Gradient clipping norm; None disables (TRL ``max_grad_norm``).
+        num_generations: G completions per prompt, >= 2 (TRL ``num_generations``).
+        temperature: Sampling temperature (TRL ``temperature``).
+        top_p: Nucleus sampling (TRL ``top_p``).
+        top_k: Top-k sampling, 0 = off (TRL ``top_k``).
+        max_prompt_length: Prompts are left-truncated to this many tokens.
+        max_completion_length: L, max new tokens (TRL ``max_completion_length``).
+        beta: k3 KL weight; 0 disables the reference model (TRL ``beta``).
+        epsilon: Lower clip of the ratio (TRL ``epsilon``).
+        epsilon_high: Upper clip; None = ``epsilon`` (TRL ``epsilon_high``).
+        num_iterations: mu, optimizer steps on each step's batch (TRL ``num_iterations``).
+        loss_type: "grpo", "bnpo", "dr_grpo" or "dapo" (TRL ``loss_type``).
+        scale_rewards: "group", "batch" or "none" (TRL ``scale_rewards``).
+        mask_truncated_completions: Drop completions without EOS from the loss (TRL).
+        micro_batch_size: Sequences per forward/backward; None = the whole batch.
+        strong_parts: Task parts this policy starts good at (log tags ``..._strong``);
+            the others are its weak parts. None: taken from the warm-start recipe.
+
+    Raises:
+        ValueError: every invalid option at once, before any model is built.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        model: str | TinyCausalLM,
+        tokenizer: str | None = None,
+        prompt_template: str = "{question}\nAnswer:",
+        completion_template: str = " {answer}",
+        pad_token: str | None = None,
+        learning_rate: float = 1e-3,
+        weight_decay: float = 0.0,
+        max_grad_norm: float | None = 1.0,
+        num_generations: int = 8,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        max_prompt_length: int = 64,
+        max_completion_length: int = 8,
+        beta: float = 0.0,
+        epsilon: float = 0.2,
+        epsilon_high: float | None = None,
+        num_iterations: int = 1,
+        loss_type: str = "dapo",
+        scale_rewards: str = "group",
+        mask_truncated_completions: bool = False,
+        micro_batch_size: int | None = None,
+        strong_parts: list[str] | None = None,
+    ) -> None:
+        super().__init__()
+        self.policy_name = name
+        self.model_source = model
+        self.tokenizer_source = tokenizer
+        self.prompt_template = prompt_template
+        self.completion_template = completion_template
+        self.pad_token = pad_token
+        self.learning_rate, self.weight_decay, self.max_grad_norm = learning_rate, weight_decay, max_grad_norm
+        self.num_generations, self.temperature, self.top_p, self.top_k = num_generations, temperature, top_p, top_k
+        self.max_prompt_length, self.max_completion_length = max_prompt_length, max_completion_length
+        self.beta, self.epsilon, self.epsilon_high = beta, epsilon, epsilon_high
+        self.num_iterations, self.loss_type, self.scale_rewards = num_iterations, loss_type, scale_rewards
+        self.mask_truncated_completions = mask_truncated_completions
+        self.micro_batch_size = micro_batch_size
+        self.strong_parts = strong_parts
+        self.model: torch.nn.Module | None = None
+        self.tokenizer = None
+        self._ref_model: list[torch.nn.Module] = []  # kept out of state_dict: rebuilt from the same weights
+        errors = self.config_errors()
+        if errors:
+            raise ConfigError(f"Invalid config for policy {name!r}:\n  - " + "\n  - ".join(errors))
+
+    # ----------------------------------------------------------------- validation
+    def config_errors(self) -> list[str]:
+        """All configuration problems found without building the model."""
+        p = f"policy {self.policy_name!r}"
+        errors = []
+        if not self.policy_name or "/" in self.policy_name:
+            errors.append(f"{p}: name must be non-empty and contain no '/'.")
+        if self.num_generations < 2:
+            errors.append(f"{p}: num_generations={self.num_generations}; GRPO needs >= 2 completions per "
+                          "prompt to form a group baseline. Set num_generations: 8 (or any >= 2).")
+        if self.temperature <= 0:
+            errors.append(f"{p}: temperature={self.temperature} must be > 0.")
+        if not 0 < self.top_p <= 1:
+            errors.append(f"{p}: top_p={self.top_p} must be in (0, 1].")
+        if self.top_k < 0:
+            errors.append(f"{p}: top_k={self.top_k} must be >= 0 (0 = off).")
+        for key in ("max_prompt_length", "max_completion_length", "num_iterations"):
+            if getattr(self, key) < 1:
+                errors.append(f"{p}: {key}={getattr(self, key)} must be >= 1.")
+        if self.micro_batch_size is not None and self.micro_batch_size < 1:
+            errors.append(f"{p}: micro_batch_size={self.micro_batch_size} must be >= 1 or null.")
+        if self.beta < 0:
+            errors.append(f"{p}: beta={self.beta} must be >= 0 (0 disables the KL term).")
+        if self.epsilon < 0 or (self.epsilon_high is not None and self.epsilon_high < 0):
+            errors.append(f"{p}: epsilon/epsilon_high must be >= 0; got {self.epsilon}/{self.epsilon_high}.")
+        if self.loss_type not in LOSS_TYPES:
+            errors.append(f"{p}: loss_type={self.loss_type!r}; valid: {list(LOSS_TYPES)}.")
+        if self.scale_rewards not in SCALE_REWARDS:
+            errors.append(f"{p}: scale_rewards={self.scale_rewards!r}; valid: {list(SCALE_REWARDS)}.")
+        if self.learning_rate <= 0:
+            errors.append(f"{p}: learning_rate={self.learning_rate} must be > 0.")
+        if "{question}" not in self.prompt_template:
+            errors.append(f"{p}: prompt_template={self.prompt_template!r} must contain '{{question}}'.")
+        if isinstance(self.model_source, str) and _looks_local(self.model_source):
+            if not Path(self.model_source).expanduser().is_dir():
+                errors.append(f"{p}: model={self.model_source!r} is not an existing folder. Give a folder "
+                              "written by save_pretrained, a hub id, or a recipe (class_path).")
+        tok = self.tokenizer_source
+        if tok is None and isinstance(self.model_source, str):
+            tok = self.model_source
+        if isinstance(tok, str):
+            if _looks_local(tok) and not Path(tok).expanduser().is_dir():
+                errors.append(f"{p}: tokenizer={tok!r} is not an existing folder. Give a folder written "
+                              "by save_pretrained or a hub id.")
+            else:
+                errors.extend(self._tokenizer_errors(tok))
+        return errors
+
+    def _tokenizer_errors(self, source: str) -> list[str]:
+        from transformers import AutoTokenizer
+
+        p = f"policy {self.policy_name!r}"
+        try:
+            tok = AutoTokenizer.from_pretrained(os.path.expanduser(source))
+        except Exception as exc:  # noqa: BLE001 - reported as a config error with its cause
+            return [f"{p}: tokenizer {source!r} could not be loaded ({type(exc).__name__}: {exc})."]
+        self._apply_pad_token(tok)
+        if tok.pad_token_id is None:
+            return [f"{p}: tokenizer {source!r} has no pad token. Set pad_token: '<its EOS text>' in this "
+                    "policy's config (e.g. pad_token: '</s>')."]
+        if tok.eos_token_id is None:
+            return [f"{p}: tokenizer {source!r} has no EOS token; completions could never finish."]
+        self.tokenizer = tok
+        return []
+
+    def _apply_pad_token(self, tok) -> None:
+        if self.pad_token is not None:
+            tok.pad_token = self.pad_token
+
+    # ------------------------------------------------------------------- building
+    def build(self, datamodule=None, cache_log=print) -> None:
+        """Materialize (recipe), then load tokenizer and model with ``from_pretrained``.
+
+        Raises:
+            ValueError: tokenizer without a pad or EOS token.
+        """
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        source = self.model_source
+        if isinstance(source, TinyCausalLM):
+            source = str(source.materialize(self, datamodule, log=cache_log))
+            if self.strong_parts is None and source and self.model_source.warm_start_part:
+                self.strong_parts = [self.model_source.warm_start_part]
+        source = os.path.expanduser(source)
+        if self.tokenizer is None:
+            errors = self._tokenizer_errors(os.path.expanduser(self.tokenizer_source or source))
+            if errors:
+                raise ConfigError("\n".join(errors))
+        self.model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+        self.model.train()  # from_pretrained returns eval mode (FIELD_NOTES)
+        if self.beta > 0:
+            ref = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+            ref.requires_grad_(False)
+            self._ref_model = [ref]
+
+    @property
+    def ref_model(self) -> torch.nn.Module | None:
+        return self._ref_model[0] if self._ref_model else None
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """AdamW over the trainable parameters."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=self.learning_rate, weight_decay=self.weight_decay)
+
+    # ------------------------------------------------------------------ prompting
+    def render_prompt(self, item) -> str:
+        """The prompt text of ``item`` in this policy's template."""
+        return self.prompt_template.format(question=item.question)
+
+    def render_completion(self, item) -> str:
+        """A reference completion (warm-start only)."""
+        return self.completion_template.format(answer=item.answer)
+
+    def encode_prompts(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of rendered prompts, left-truncated to ``max_prompt_length``."""
+        ids = self.tokenizer(texts)["input_ids"]
+        return [x[-self.max_prompt_length:] for x in ids]
+
+    # ------------------------------------------------------------------- log-probs
+    def completion_logprobs(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        completion_ids: Tensor,
+        completion_mask: Tensor,
+        model: torch.nn.Module | None = None,
+        with_entropy: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Per-token log-probs of the completion under ``model`` (default: this policy).
+
+        Args:
+            prompt_ids: ``[N, P]`` int64, left-padded.
+            prompt_mask: ``[N, P]`` bool, True = real token.
+            completion_ids: ``[N, L]`` int64.
+            completion_mask: ``[N, L]`` bool, True = counted.
+            model: Module to score with (the reference model for KL).
+            with_entropy: Also return the per-token entropy (costs a softmax over V).
+
+        Returns:
+            ``([N, L] float32 nats, [N, L] float32 nats or None)``.
+        """
+        model = self.model if model is None else model
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attn = torch.cat([prompt_mask, completion_mask], dim=1).long()
+        position_ids = (attn.cumsum(dim=1) - 1).clamp(min=0)
+        length = completion_ids.shape[1]
+        logits = model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids,
+                       logits_to_keep=length + 1).logits[:, :-1].float() / self.temperature
+        logz = torch.logsumexp(logits, dim=-1)
+        logp = torch.gather(logits, 2, completion_ids.unsqueeze(-1)).squeeze(-1) - logz
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                probs = torch.softmax(logits, dim=-1)
+                entropy = logz - (probs * logits).sum(-1)
+        return logp, entropy
+
+    def state_summary(self) -> dict[str, Any]:
+        """Small facts for the run table: parameters, vocabulary, family."""
+        n = sum(p.numel() for p in self.model.parameters()) if self.model is not None else 0
+        return {"name": self.policy_name, "params": n, "vocab": len(self.tokenizer) if self.tokenizer else 0,
+                "family": getattr(getattr(self.model, "config", None), "model_type", "?")}
+
+
+def policy_update(policy: PolicyModule, batch, model, fabric, optimizer) -> dict[str, float]:
+    """SPEC 1 step 6 for one policy: mu optimizer steps on the composed batch.
+
+    The GRPO loss is split into micro-batches of ``micro_batch_size`` sequences whose
+    normalizers are the whole batch's (``num_sequences`` / ``num_tokens``), so any split
+    gives the same gradient. Probes' auxiliary losses are added once per iteration.
+
+    Args:
+        policy: The policy.
+        batch: Its :class:`~mrl_lightning.batch.TrainBatch`.
+        model: The Fabric-wrapped model (``fabric.setup``) to run forward passes with.
+        fabric: The Fabric instance (backward, gradient clipping).
+        optimizer: The policy's Fabric-wrapped optimizer.
+
+    Returns:
+        Metrics of the last iteration (loss, KL, clip ratio, entropy, grad norm, aux terms).
+    """
+    from mrl_lightning.objectives.grpo import grpo_loss, masked_mean
+
+    r = batch.scored.rollouts
+    n_seq = r.completion_ids.shape[0]
+    advantages = batch.advantages.reshape(n_seq).to(r.old_logprobs.device)
+    mask = r.completion_mask.clone()
+    if policy.mask_truncated_completions:
+        mask &= ~r.truncated.to(mask.device).unsqueeze(1)
+    n_tokens = float(mask.sum().clamp(min=1))
+    micro = policy.micro_batch_size or n_seq
+    slices = [slice(i, i + micro) for i in range(0, n_seq, micro)]
+
+    def logprobs(sl, module, entropy=False):
+        return policy.completion_logprobs(r.prompt_ids[sl], r.prompt_mask[sl], r.completion_ids[sl],
+                                          r.completion_mask[sl], model=module, with_entropy=entropy)
+
+    ref = None
+    if policy.beta > 0:
+        with torch.no_grad():
+            ref = torch.cat([logprobs(sl, policy.ref_model)[0] for sl in slices])
+    metrics: dict[str, float] = {}
+    for iteration in range(policy.num_iterations):
+        optimizer.zero_grad(set_to_none=True)
+        totals = {"loss": 0.0, "kl": 0.0, "clip_low": 0.0, "clip_high": 0.0, "entropy": 0.0, "ratio_max": 1.0}
+        for sl in slices:
+            logp, ent = logprobs(sl, model, entropy=iteration == 0)
+            out = grpo_loss(
+                logp, r.old_logprobs[sl], advantages[sl], mask[sl], loss_type=policy.loss_type,
+                epsilon=policy.epsilon, epsilon_high=policy.epsilon_high, beta=policy.beta,
+                ref_logp=None if ref is None else ref[sl], max_completion_length=policy.max_completion_length,
+                num_sequences=n_seq, num_tokens=n_tokens,
+            )
+            fabric.backward(out.loss)
+            share = float(mask[sl].sum()) / n_tokens
+            totals["loss"] += float(out.loss.detach())
+            totals["clip_low"] += float(masked_mean(out.clipped_low.float(), mask[sl])) * share
+            totals["clip_high"] += float(masked_mean(out.clipped_high.float(), mask[sl])) * share
+            if out.kl is not None:
+                totals["kl"] += float(masked_mean(out.kl.detach(), mask[sl])) * share
+            if ent is not None:
+                totals["entropy"] += float(masked_mean(ent, mask[sl])) * share
+            if mask[sl].any():
+                totals["ratio_max"] = max(totals["ratio_max"], float(out.ratio.detach()[mask[sl]].max()))
+        for aux in batch.aux_losses:
+            aux_loss, aux_metrics = aux(policy, model)
+            fabric.backward(aux_loss)
+            metrics.update(aux_metrics)
+        params = [p for p in policy.model.parameters() if p.requires_grad]
+        if policy.max_grad_norm is not None:
+            grad_norm = fabric.clip_gradients(model, optimizer, max_norm=policy.max_grad_norm)
+        else:
+            grads = [p.grad.detach().norm() for p in params if p.grad is not None]
+            grad_norm = torch.stack(grads).norm() if grads else torch.zeros(())
+        optimizer.step()
+        p = policy.policy_name
+        metrics.update({
+            f"train/{p}/loss": totals["loss"], f"train/{p}/grad_norm": float(grad_norm),
+            f"train/{p}/clip_ratio_low": totals["clip_low"], f"train/{p}/clip_ratio_high": totals["clip_high"],
+            f"train/{p}/ratio_max": totals["ratio_max"],
+        })
+        if policy.beta > 0:
+            metrics[f"train/{p}/kl_nats"] = totals["kl"]
+        if iteration == 0:
+            metrics[f"train/{p}/entropy_nats"] = totals["entropy"]
+    return metrics

@@ -1,0 +1,221 @@
+"""TinyCausalLM: a tiny model of a chosen family, warm-started and cached on disk.
+
+The embedded default (SPEC 8) needs policies of different families that start good at
+one part of the task and unable to do the other. This recipe:
+
+1. trains a small tokenizer on the task text (``recipes/tokenizers.py``),
+2. builds a 2-layer model of the family from its config (``GPT2Config`` or
+   ``LlamaConfig`` + ``*ForCausalLM(config)``), no hub needed,
+3. warm-starts it by supervised training on ``warm_start_part`` only, with the
+   policy's own prompt template and completions retokenized exactly as the policy would
+   receive a peer's text (THL ``retokenize``), until greedy accuracy on that part's
+   held-out prompts reaches ``warm_start_target`` or ``warm_start_steps`` run out,
+4. saves model and tokenizer with ``save_pretrained`` into a cache folder named by a
+   hash of everything above; the policy then loads it with ``from_pretrained``, the
+   same path a user's own checkpoint takes. A second run finds the folder and skips
+   1-3. The folder is written under a temporary name and renamed, so an interrupted
+   warm-start never leaves a half-written cache entry.
+
+Budgets are in steps, not wall-clock, so a busy machine changes the time, not the result.
+"""
+
+from __future__ import annotations
+
+from mrl_lightning.errors import ConfigError
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+FAMILIES = ("gpt2", "llama")
+
+
+def default_cache_dir() -> str:
+    """``$MRL_CACHE_DIR`` or ``~/.cache/mrl_lightning``."""
+    return os.environ.get("MRL_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "mrl_lightning"))
+
+
+class TinyCausalLM:
+    """Recipe for a tiny, optionally warm-started causal LM.
+
+    Args:
+        family: "gpt2" (GPT-2 architecture) or "llama" (Llama architecture).
+        tokenizer_kind: "byte_level_bpe", "sentencepiece_bpe" or "char_level".
+        vocab_size: Tokenizer vocabulary size (ignored by char_level).
+        hidden_size: Model width.
+        num_layers: Transformer layers.
+        num_heads: Attention heads.
+        warm_start_part: Task part to warm-start on; None = random init.
+        warm_start_steps: Maximum supervised steps.
+        warm_start_target: Stop early at this greedy accuracy on the part's eval prompts.
+        warm_start_batch_size: Examples per supervised step.
+        warm_start_lr: AdamW learning rate of the warm-start.
+        eval_every: Supervised steps between accuracy checks.
+        seed: Seed of init and warm-start.
+        cache_dir: Root of the cache; None = ``$MRL_CACHE_DIR`` or ``~/.cache/mrl_lightning``.
+
+    Raises:
+        ValueError: unknown family / tokenizer kind or non-positive sizes (all at once).
+    """
+
+    def __init__(
+        self,
+        family: str = "gpt2",
+        tokenizer_kind: str = "byte_level_bpe",
+        vocab_size: int = 320,
+        hidden_size: int = 128,
+        num_layers: int = 2,
+        num_heads: int = 4,
+        warm_start_part: str | None = None,
+        warm_start_steps: int = 2000,
+        warm_start_target: float = 0.9,
+        warm_start_batch_size: int = 64,
+        warm_start_lr: float = 1e-3,
+        eval_every: int = 100,
+        seed: int = 0,
+        cache_dir: str | None = None,
+    ) -> None:
+        from mrl_lightning.recipes.tokenizers import TOKENIZER_KINDS
+
+        errors = []
+        if family not in FAMILIES:
+            errors.append(f"TinyCausalLM.family={family!r}; valid: {list(FAMILIES)}.")
+        if tokenizer_kind not in TOKENIZER_KINDS:
+            errors.append(f"TinyCausalLM.tokenizer_kind={tokenizer_kind!r}; valid: {list(TOKENIZER_KINDS)}.")
+        for key, value in (("hidden_size", hidden_size), ("num_layers", num_layers), ("num_heads", num_heads),
+                           ("warm_start_batch_size", warm_start_batch_size), ("eval_every", eval_every)):
+            if value < 1:
+                errors.append(f"TinyCausalLM.{key}={value} must be >= 1.")
+        if num_heads >= 1 and hidden_size % num_heads:
+            errors.append(f"TinyCausalLM.hidden_size={hidden_size} must be divisible by num_heads={num_heads}.")
+        if errors:
+            raise ConfigError("Invalid TinyCausalLM config:\n  - " + "\n  - ".join(errors))
+        self.family, self.tokenizer_kind, self.vocab_size = family, tokenizer_kind, vocab_size
+        self.hidden_size, self.num_layers, self.num_heads = hidden_size, num_layers, num_heads
+        self.warm_start_part, self.warm_start_steps = warm_start_part, warm_start_steps
+        self.warm_start_target, self.warm_start_batch_size = warm_start_target, warm_start_batch_size
+        self.warm_start_lr, self.eval_every, self.seed = warm_start_lr, eval_every, seed
+        self.cache_dir = cache_dir
+
+    def _args(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if k != "cache_dir"}
+
+    def cache_key(self, policy, datamodule) -> str:
+        """Hash of recipe, templates, data and library versions."""
+        import transformers
+
+        payload = json.dumps(
+            {"recipe": self._args(), "prompt": policy.prompt_template, "completion": policy.completion_template,
+             "data": datamodule.fingerprint() if datamodule is not None else None,
+             "transformers": transformers.__version__, "torch": torch.__version__, "v": 1},
+            sort_keys=True,
+        )
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    def materialize(self, policy, datamodule, log: Callable[[str], None] = print) -> Path:
+        """Return the cached folder, building it first if absent.
+
+        Args:
+            policy: The PolicyModule (its templates shape the corpus and warm-start).
+            datamodule: Supplies task text and the warm-start part's prompts.
+            log: Where progress lines go.
+
+        Raises:
+            ValueError: ``warm_start_part`` is not a part of the data module.
+        """
+        root = Path(self.cache_dir or default_cache_dir()).expanduser() / "models"
+        final = root / f"{self.family}-{self.tokenizer_kind}-{self.cache_key(policy, datamodule)}"
+        if (final / "warm_start.json").is_file():
+            log(f"[{policy.policy_name}] warm-start cache hit: {final}")
+            return final
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
+        try:
+            self._build(policy, datamodule, tmp, log)
+            if final.exists():  # another process finished first
+                shutil.rmtree(tmp)
+            else:
+                os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return final
+
+    # --------------------------------------------------------------------- build
+    def _build(self, policy, datamodule, out: Path, log) -> None:
+        from transformers import AutoTokenizer
+
+        from mrl_lightning.recipes.tokenizers import train_tokenizer
+
+        parts = [p.name for p in datamodule.parts]
+        if self.warm_start_part is not None and self.warm_start_part not in parts:
+            raise ValueError(f"TinyCausalLM.warm_start_part={self.warm_start_part!r} is not a data part; "
+                             f"valid: {parts}.")
+        corpus = []
+        for part in parts:
+            for item in datamodule.train_items(part)[:2000]:
+                corpus.append(policy.render_prompt(item) + policy.render_completion(item))
+        train_tokenizer(self.tokenizer_kind, corpus, self.vocab_size, out)
+        tokenizer = AutoTokenizer.from_pretrained(str(out))
+        torch.manual_seed(self.seed)
+        model = self._model(tokenizer)
+        report: dict[str, Any] = {"recipe": self._args(), "steps": 0, "accuracy": {}, "seconds": 0.0}
+        if self.warm_start_part is not None:
+            report.update(self._warm_start(model, tokenizer, policy, datamodule, log))
+        model.save_pretrained(str(out))
+        tokenizer.save_pretrained(str(out))
+        (out / "warm_start.json").write_text(json.dumps(report, indent=2))
+
+    def _model(self, tokenizer):
+        from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+        ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                   pad_token_id=tokenizer.pad_token_id)
+        if self.family == "gpt2":
+            cfg = GPT2Config(vocab_size=len(tokenizer), n_positions=256, n_embd=self.hidden_size,
+                             n_layer=self.num_layers, n_head=self.num_heads, resid_pdrop=0.0, embd_pdrop=0.0,
+                             attn_pdrop=0.0, **ids)
+            return GPT2LMHeadModel(cfg)
+        cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=self.hidden_size,
+                          intermediate_size=2 * self.hidden_size, num_hidden_layers=self.num_layers,
+                          num_attention_heads=self.num_heads, num_key_value_heads=self.num_heads,
+                          max_position_embeddings=256, tie_word_embeddings=True, **ids)
+        return LlamaForCausalLM(cfg)
+
+    def _warm_start(self, model, tokenizer, policy, datamodule, log) -> dict[str, Any]:
+        from mrl_lightning.recipes.sft import greedy_accuracy, sft_batches
+
+        part = self.warm_start_part
+        policy_tok, policy.tokenizer = policy.tokenizer, tokenizer
+        try:
+            rng = random.Random(self.seed)
+            items = datamodule.train_items(part)
+            evals = datamodule.eval_items()
+            opt = torch.optim.AdamW(model.parameters(), lr=self.warm_start_lr)
+            start, acc, step = time.perf_counter(), {}, 0
+            model.train()
+            for step, (ids, attn, labels) in enumerate(
+                sft_batches(policy, items, self.warm_start_batch_size, rng), start=1
+            ):
+                loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                if step % self.eval_every == 0 or step >= self.warm_start_steps:
+                    acc = {name: greedy_accuracy(policy, model, its) for name, its in evals.items()}
+                    log(f"[{policy.policy_name}] warm-start step {step}: loss {loss.item():.3f} "
+                        f"greedy accuracy {acc} ({time.perf_counter() - start:.0f} s)")
+                    if acc[part] >= self.warm_start_target or step >= self.warm_start_steps:
+                        break
+            return {"steps": step, "accuracy": acc, "seconds": time.perf_counter() - start}
+        finally:
+            policy.tokenizer = policy_tok

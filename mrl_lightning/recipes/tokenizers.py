@@ -1,0 +1,162 @@
+"""Train small tokenizers locally and save them as Hugging Face fast tokenizers.
+
+The embedded default (SPEC 8) needs two policies whose tokenizers really differ, and on
+a CPU the vocabulary size dominates cost (FIELD_NOTES: log_softmax over V), so we train
+small vocabularies on task text with the ``tokenizers`` library, save them with
+``save_pretrained`` and load them back through ``AutoTokenizer.from_pretrained``, the
+same path a user's hub tokenizer takes.
+
+Three kinds:
+
+- ``byte_level_bpe``: GPT-2 style byte-level BPE; digits are split one per token
+  (FIELD_NOTES: multi-digit merges slow the warm-start ~10x), words and spaces merge.
+- ``sentencepiece_bpe``: Llama/SentencePiece style BPE over ``▁``-marked words with a
+  dummy prefix and ``<0xHH>`` byte fallback; digits split.
+- ``char_level``: one token per character seen in training, byte fallback for the rest.
+
+pad == eos for all three (the common case that the completion mask must survive).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+TOKENIZER_KINDS = ("byte_level_bpe", "sentencepiece_bpe", "char_level")
+_BYTE_PIECES = [f"<0x{i:02X}>" for i in range(256)]
+
+
+def _wrap(tok: Tokenizer, *, bos: str, eos: str, unk: str | None, add_bos: bool) -> PreTrainedTokenizerFast:
+    if add_bos:
+        from tokenizers.processors import TemplateProcessing
+
+        tok.post_processor = TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
+        )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=bos,
+        eos_token=eos,
+        pad_token=eos,
+        unk_token=unk,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def train_byte_level_bpe(texts: Iterable[str], vocab_size: int, out_dir: str | Path) -> PreTrainedTokenizerFast:
+    """GPT-2 style byte-level BPE, digits split; saved to ``out_dir``.
+
+    Args:
+        texts: Training corpus.
+        vocab_size: Target vocabulary size (>= 257: 256 byte symbols + ``<|endoftext|>``).
+        out_dir: Folder written with ``save_pretrained``.
+
+    Raises:
+        ValueError: ``vocab_size`` below 257.
+    """
+    if vocab_size < 257:
+        raise ValueError(f"vocab_size={vocab_size} is too small for a byte-level BPE; use >= 257.")
+    eos = "<|endoftext|>"
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[eos],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(texts), trainer=trainer)
+    hf = _wrap(tok, bos=eos, eos=eos, unk=None, add_bos=False)
+    hf.save_pretrained(str(out_dir))
+    return hf
+
+
+def train_sentencepiece_bpe(texts: Iterable[str], vocab_size: int, out_dir: str | Path) -> PreTrainedTokenizerFast:
+    """Llama/SentencePiece style BPE with ``▁`` word marks, dummy prefix and byte fallback.
+
+    Args:
+        texts: Training corpus.
+        vocab_size: Target size on top of the 3 specials and 256 ``<0xHH>`` byte pieces.
+        out_dir: Folder written with ``save_pretrained``.
+
+    Raises:
+        ValueError: ``vocab_size`` too small to hold the byte pieces.
+    """
+    if vocab_size < 260:
+        raise ValueError(f"vocab_size={vocab_size} cannot hold 3 specials + 256 byte pieces; use >= 260.")
+    specials = ["<unk>", "<s>", "</s>"]
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Sequence(
+        [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
+    )
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r"\d"), behavior="isolated"),
+         pre_tokenizers.Split("▁", behavior="merged_with_next")]
+    )
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    corpus = list(texts)
+    alphabet = sorted({c for t in corpus for c in t.replace(" ", "▁")} | {"▁"})
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(_BYTE_PIECES),
+        special_tokens=specials,
+        initial_alphabet=alphabet,
+        limit_alphabet=len(alphabet),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    # Byte pieces must be ordinary vocabulary entries (as in SentencePiece), not added
+    # special tokens: otherwise skip_special_tokens would drop them on decode.
+    trained = json.loads(tok.to_str())["model"]
+    learned = sorted(trained["vocab"].items(), key=lambda kv: kv[1])
+    vocab = {s: i for i, s in enumerate(specials + _BYTE_PIECES)}
+    for piece, _ in learned:
+        vocab.setdefault(piece, len(vocab))
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in trained["merges"]]
+    tok.model = models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True)
+    hf = _wrap(tok, bos="<s>", eos="</s>", unk="<unk>", add_bos=True)
+    hf.save_pretrained(str(out_dir))
+    return hf
+
+
+def train_char_level(texts: Iterable[str], out_dir: str | Path) -> PreTrainedTokenizerFast:
+    """One token per training character, ``<0xHH>`` byte fallback for unseen ones.
+
+    Args:
+        texts: Training corpus; every character in it gets its own token.
+        out_dir: Folder written with ``save_pretrained``.
+    """
+    specials = ["<unk>", "<s>", "</s>"]
+    chars = sorted({c for t in texts for c in t})
+    vocab = {s: i for i, s in enumerate(specials + _BYTE_PIECES)}
+    for c in chars:
+        vocab.setdefault(c, len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"."), behavior="isolated")
+    tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
+    hf = _wrap(tok, bos="<s>", eos="</s>", unk="<unk>", add_bos=False)
+    hf.save_pretrained(str(out_dir))
+    return hf
+
+
+def train_tokenizer(kind: str, texts: Iterable[str], vocab_size: int, out_dir: str | Path) -> PreTrainedTokenizerFast:
+    """Dispatch on ``kind`` (one of :data:`TOKENIZER_KINDS`).
+
+    Raises:
+        ValueError: unknown ``kind``.
+    """
+    if kind == "byte_level_bpe":
+        return train_byte_level_bpe(texts, vocab_size, out_dir)
+    if kind == "sentencepiece_bpe":
+        return train_sentencepiece_bpe(texts, vocab_size, out_dir)
+    if kind == "char_level":
+        return train_char_level(texts, out_dir)
+    raise ValueError(f"tokenizer kind={kind!r} is unknown; valid: {list(TOKENIZER_KINDS)}")

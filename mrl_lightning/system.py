@@ -1,0 +1,111 @@
+"""MutualRL: the LightningModule that holds every policy and the shared verifiers.
+
+Policies are listed in YAML, one ``class_path`` each, and held in an ``nn.ModuleDict``
+by name. Rewards are computed on text by the reward functions (SPEC 1 step 3), so they
+are the same for every policy; ``success`` comes only from a *strict* verifier
+(SPEC 0: success = reward >= tau from a verifier that checked it).
+"""
+
+from __future__ import annotations
+
+from mrl_lightning.errors import ConfigError
+
+import lightning.pytorch as pl
+import torch
+
+from mrl_lightning.batch import ScoredRollouts
+from mrl_lightning.objectives.grpo import combine_rewards
+from mrl_lightning.policy import PolicyModule
+from mrl_lightning.rewards import ReasoningGymAccuracy, RewardFunction
+from mrl_lightning.rollout import HFGenerateEngine
+
+
+class MutualRL(pl.LightningModule):
+    """Several policies trained together.
+
+    Args:
+        policies: Two or more policies with unique names (one is allowed for a
+            single-policy GRPO baseline).
+        reward_funcs: Verifiers whose weighted sum is the reward (TRL ``reward_funcs``);
+            default: reasoning-gym strict accuracy.
+        reward_weights: One weight per reward function (TRL ``reward_weights``).
+        success_threshold: tau; a completion is a success when the strict verifier's
+            reward >= tau (SPEC 0).
+        success_verifier: Name of the strict reward function that decides success;
+            None = the first strict one.
+
+    Raises:
+        ValueError: no policies, duplicate names, weights of the wrong length, or no
+            strict verifier (all reported at once).
+    """
+
+    def __init__(
+        self,
+        policies: list[PolicyModule],
+        reward_funcs: list[RewardFunction] | None = None,
+        reward_weights: list[float] | None = None,
+        success_threshold: float = 1.0,
+        success_verifier: str | None = None,
+    ) -> None:
+        super().__init__()
+        reward_funcs = list(reward_funcs) if reward_funcs else [ReasoningGymAccuracy()]
+        errors = []
+        if not policies:
+            errors.append("model.policies is empty; list at least one PolicyModule.")
+        names = [p.policy_name for p in policies]
+        if len(set(names)) != len(names):
+            errors.append(f"model.policies names must be unique; got {names}.")
+        if reward_weights is not None and len(reward_weights) != len(reward_funcs):
+            errors.append(f"model.reward_weights has {len(reward_weights)} entries for {len(reward_funcs)} "
+                          "reward functions; give one weight per function.")
+        strict = [f for f in reward_funcs if f.strict]
+        if success_verifier is not None:
+            strict = [f for f in strict if f.name == success_verifier]
+        if not strict:
+            errors.append(f"model: no strict reward function named {success_verifier!r} to decide success; "
+                          f"strict ones: {[f.name for f in reward_funcs if f.strict]}.")
+        if errors:
+            raise ConfigError("Invalid model config:\n  - " + "\n  - ".join(errors))
+        self.policies = torch.nn.ModuleDict({p.policy_name: p for p in policies})
+        self.reward_funcs = reward_funcs
+        self.reward_weights = torch.tensor(reward_weights or [1.0] * len(reward_funcs), dtype=torch.float32)
+        self.success_threshold = success_threshold
+        self.verifier = strict[0]
+        self.verifier_index = reward_funcs.index(self.verifier)
+        self.engine = HFGenerateEngine()
+
+    def score(self, completions: list[str], items: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Score texts with every reward function.
+
+        Returns:
+            ``([N, F] rewards per function, [N] combined reward, [N] bool success)``.
+        """
+        cols = [torch.tensor(f(completions, items), dtype=torch.float32) for f in self.reward_funcs]
+        per_func = torch.stack(cols, dim=1)
+        success = per_func[:, self.verifier_index] >= self.success_threshold  # NaN compares False
+        return per_func, combine_rewards(per_func, self.reward_weights), success
+
+    @torch.no_grad()
+    def rollout(self, policy: PolicyModule, items: list) -> ScoredRollouts:
+        """SPEC 1 steps 2-3 for one policy: render, sample G each, verify."""
+        prompts = [policy.render_prompt(x) for x in items]
+        out = self.engine.generate(
+            policy.model, policy.tokenizer, policy.encode_prompts(prompts),
+            num_generations=policy.num_generations, max_completion_length=policy.max_completion_length,
+            temperature=policy.temperature, top_p=policy.top_p, top_k=policy.top_k,
+        )
+        repeated = [x for x in items for _ in range(policy.num_generations)]
+        per_func, rewards, success = self.score(out.completion_texts, repeated)
+        shape = (len(items), policy.num_generations)
+        return ScoredRollouts(policy.policy_name, items, out, per_func, rewards.view(shape),
+                              success.view(shape), prompts, per_func[:, self.verifier_index])
+
+    @torch.no_grad()
+    def greedy_success(self, policy: PolicyModule, items: list) -> tuple[float, list[str]]:
+        """Share of ``items`` solved by greedy decoding, and the completions."""
+        out = self.engine.generate(
+            policy.model, policy.tokenizer, policy.encode_prompts([policy.render_prompt(x) for x in items]),
+            num_generations=1, max_completion_length=policy.max_completion_length, do_sample=False,
+        )
+        _, _, success = self.score(out.completion_texts, items)
+        return float(success.float().mean()), out.completion_texts
