@@ -69,10 +69,24 @@ def main(argv: list[str] | None = None) -> int:
         return bandit_main(argv[1:])
     try:
         MRLCLI(args=None if from_shell else argv)
-    except ConfigError as exc:
-        print(f"mrl: configuration error:\n{exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - a ConfigError may arrive wrapped by jsonargparse
+        config_error = _find_config_error(exc)
+        if config_error is None:
+            raise
+        print(f"mrl: configuration error:\n{config_error}", file=sys.stderr)
         return 2
     return 0
+
+
+def _find_config_error(exc: BaseException | None) -> ConfigError | None:
+    """The ConfigError in ``exc``'s cause/context chain, if any."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, ConfigError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 if __name__ == "__main__":

@@ -1,4 +1,23 @@
-"""Lightning-style callbacks wrapping SEE, THL and the probes (selected by class_path)."""
+"""Lightning-style callbacks wrapping SEE, THL and the probes (selected by class_path).
+
+Probes compose: a run may list several (e.g. ``SharedExperienceExchange`` then
+``CrossPolicyAdvantage`` then ``SuccessGatedTransfer``). For each policy,
+``on_compose_batch`` is called on every callback in *list order* on one
+:class:`~mrl_lightning.batch.TrainBatch` that starts with plain GRPO advantages:
+
+- ``CrossPolicyAdvantage`` (XGRPO, SPEC 3.3) and ``PeerRolloutPooling`` (PRP, SPEC 3.2)
+  *replace* ``batch.advantages`` of the own samples, each computed from rewards (neither
+  reads the incoming advantages). With both on, the one later in the list decides the
+  own-sample advantages; PRP's peer loss term stays whatever the order. A note saying
+  which one wins is printed at setup.
+- ``SuccessGatedTransfer`` (SGT, SPEC 3.4) and PRP *append* a loss term to
+  ``batch.aux_losses``; appended terms add up and never replace each other.
+- ``SharedExperienceExchange`` must come before every probe (probes read
+  ``trainer.exchange``; each probe's ``config_errors`` checks that it is listed).
+
+So XGRPO + SGT gives XGRPO's advantages on own samples plus SGT's transfer term, in
+either order; PRP + SGT gives PRP's pooled advantages, its peer term and SGT's term.
+"""
 
 from mrl_lightning.callbacks.base import MRLCallback
 from mrl_lightning.callbacks.exchange import SharedExperienceExchange
@@ -6,3 +25,8 @@ from mrl_lightning.callbacks.none import NoSharing
 from mrl_lightning.callbacks.sgt import SuccessGatedTransfer
 
 __all__ = ["MRLCallback", "NoSharing", "SharedExperienceExchange", "SuccessGatedTransfer"]
+
+from mrl_lightning.callbacks.prp import PeerRolloutPooling  # noqa: E402
+from mrl_lightning.callbacks.xgrpo import CrossPolicyAdvantage  # noqa: E402
+
+__all__ += ["CrossPolicyAdvantage", "PeerRolloutPooling"]

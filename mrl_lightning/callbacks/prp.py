@@ -1,0 +1,297 @@
+"""PeerRolloutPooling callback: PRP on top of GRPO (SPEC 3.2).
+
+Thin adapter over :mod:`mrl_lightning.probes.prp` and THL. For receiver i and each of its
+prompts x it takes up to M peer ``RolloutRecord`` s (source j != i) from SEE
+(``trainer.exchange``), retokenizes each completion into i's tokens behind i's *own*
+rendered prompt and maps j's sampling log-probs onto those tokens
+(:func:`mrl_lightning.thl.transfer_trace`). Then:
+
+1. Advantages over the pooled group own G + peer M (:func:`prp_pooled_advantages`, the
+   policy's ``scale_rewards``, eps 1e-4): the own part replaces ``batch.advantages``.
+2. i's log-probs of the peer tokens are computed once, without gradient, when the batch
+   is composed (``logp_recv``); the peer loss is the decoupled-PPO surrogate of the
+   module :mod:`mrl_lightning.probes.prp` with weights ``is_mode`` / ``is_level`` / ``c``,
+   appended to ``batch.aux_losses`` and weighted by ``lambda_prp``.
+
+Normalization (a choice made here): the peer token losses are aggregated with the
+*own* batch's normalizer for the policy's ``loss_type`` (own sequences for ``grpo`` and
+``dr_grpo``, own counted tokens for ``bnpo``/``dapo``), so with ``lambda_prp = 1`` a peer
+sample weighs exactly what an own sample weighs. Two identical policies with one tokenizer
+then give (N_own + N_peer) / N_own times the GRPO loss over the pooled group of G + M
+(same gradient direction; tested): exact equality would need the trainer to scale the own
+GRPO loss too. The peer tokens get no KL term (``beta`` applies to own samples only), and
+samples are skipped (counted in ``retokenize_failures``) when THL cannot spell the text
+exactly on both sides or the mapped completion is empty.
+
+Composition (see :mod:`mrl_lightning.callbacks`): probes run in callback-list order. PRP
+*replaces* own-sample advantages from rewards (it does not read the incoming
+``batch.advantages``); XGRPO does too, so with both on, the later one in the list decides
+the own-sample advantages, while PRP's peer loss always stays. SGT only appends a loss.
+
+Logged under ``probe/prp/<policy>/``: ``peers_pooled``, ``prompts_with_peers``,
+``retokenize_failures``, ``nan_rows_skipped``, weight statistics (``ess``, ``ess_raw``,
+``log_ratio_mean``, ``log_ratio_max``, ``log_ratio_abs_max`` in nats, ``weight_mean``,
+``frac_capped``, ``units``) and ``loss``; the THL residual of the pooled samples under
+``thl/prp/<policy>/`` (:func:`mrl_lightning.thl.residual_metrics`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from mrl_lightning.callbacks.base import MRLCallback
+from mrl_lightning.callbacks.xgrpo import advantage_probe_note
+from mrl_lightning.errors import ConfigError
+from mrl_lightning.exchange import RolloutRecord
+from mrl_lightning.probes.prp import IS_LEVELS, IS_MODES, prp_pooled_advantages, prp_token_losses, prp_weight_metrics
+from mrl_lightning.rollout.hf_generate import left_pad
+from mrl_lightning.thl import residual_metrics, transfer_trace
+
+
+def own_unit_loss(token_losses: Tensor, mask: Tensor, loss_type: str, own_sequences: int, own_tokens: float,
+                  max_completion_length: int) -> Tensor:
+    """Sum peer token losses, divided by the *own* batch's ``loss_type`` normalizer (SPEC 2).
+
+    Args:
+        token_losses: ``[M, L]`` float, per-token peer losses (0 where masked).
+        mask: ``[M, L]`` bool, True = counted.
+        loss_type: ``grpo`` (per-sequence token mean, / own sequences), ``bnpo``/``dapo``
+            (/ own counted tokens) or ``dr_grpo`` (/ own sequences * max_completion_length).
+        own_sequences: N, the receiver's own sequences this step.
+        own_tokens: Its counted completion tokens.
+        max_completion_length: The policy's L (``dr_grpo`` only).
+
+    Returns:
+        Scalar loss.
+
+    Raises:
+        ValueError: unknown ``loss_type``.
+    """
+    m = mask.to(token_losses.dtype)
+    if loss_type == "grpo":
+        return ((token_losses * m).sum(1) / m.sum(1).clamp(min=1.0)).sum() / max(own_sequences, 1)
+    if loss_type in ("bnpo", "dapo"):
+        return (token_losses * m).sum() / max(own_tokens, 1.0)
+    if loss_type == "dr_grpo":
+        return (token_losses * m).sum() / (max(own_sequences, 1) * max_completion_length)
+    raise ValueError(f"loss_type={loss_type!r} is not valid; valid: ['grpo', 'bnpo', 'dapo', 'dr_grpo']")
+
+
+class _PRPPeerLoss:
+    """The auxiliary peer loss of one receiver's step (called once per inner iteration)."""
+
+    name = "prp"
+
+    def __init__(self, tensors: dict[str, Tensor], probe: PeerRolloutPooling, weight: float, own_sequences: int,
+                 own_tokens: float, tag: str) -> None:
+        self.t, self.probe, self.weight = tensors, probe, weight
+        self.own_sequences, self.own_tokens, self.tag = own_sequences, own_tokens, tag
+
+    def __call__(self, policy, model) -> tuple[Tensor, dict[str, float]]:
+        device = next(policy.model.parameters()).device
+        t = {k: v.to(device) for k, v in self.t.items()}
+        logp, _ = policy.completion_logprobs(t["prompt_ids"], t["prompt_mask"], t["completion_ids"],
+                                             t["completion_mask"], model=model)
+        p = self.probe
+        losses = prp_token_losses(logp, t["logp_recv"], t["logp_src"], t["loss_mask"], t["advantages"],
+                                  p.is_mode, p.is_level, p.c, policy.epsilon, policy.epsilon_high)
+        loss = self.weight * own_unit_loss(losses, t["loss_mask"], policy.loss_type, self.own_sequences,
+                                           self.own_tokens, policy.max_completion_length)
+        return loss, {f"{self.tag}/loss": float(loss.detach())}
+
+
+class PeerRolloutPooling(MRLCallback):
+    """Peer Rollout Pooling (PRP) probe.
+
+    Args:
+        max_peers_per_prompt: M, peer rollouts pooled per prompt (newest step first,
+            alternating between peers).
+        is_mode: Importance-weight mode: ``"truncate"`` min(rho, c), ``"clip"`` to
+            [1/c, c], ``"none"`` (rho = 1) (SPEC 3.2).
+        is_level: ``"token"`` (one weight per token) or ``"sequence"`` (rho = product over
+            the sequence's tokens).
+        c: Cap of the weight, > 0 (> 1 for ``clip`` to differ from ``none``).
+        lambda_prp: Peer loss weight; 1 = a peer sample weighs what an own sample weighs.
+        lambda_per_policy: Optional per-receiver overrides of ``lambda_prp`` by name.
+        max_staleness: Use peer rollouts at most this many rollout steps old; 0 = the same
+            step only; None = any the exchange still holds.
+        sources: Policies whose rollouts may be pooled; None = every peer.
+        receivers: Policies that pool peer rollouts; None = all.
+        eps: Added to the pooled std (TRL's 1e-4, the trainer's GRPO default).
+
+    Raises:
+        ConfigError: out-of-range values (all at once).
+    """
+
+    def __init__(
+        self,
+        max_peers_per_prompt: int = 4,
+        is_mode: str = "truncate",
+        is_level: str = "token",
+        c: float = 1.0,
+        lambda_prp: float = 1.0,
+        lambda_per_policy: dict[str, float] | None = None,
+        max_staleness: int | None = 0,
+        sources: list[str] | None = None,
+        receivers: list[str] | None = None,
+        eps: float = 1e-4,
+    ) -> None:
+        errors = []
+        if max_peers_per_prompt < 1:
+            errors.append(f"PeerRolloutPooling.max_peers_per_prompt={max_peers_per_prompt} must be >= 1 (M).")
+        if is_mode not in IS_MODES:
+            errors.append(f"PeerRolloutPooling.is_mode={is_mode!r}; valid: {list(IS_MODES)}.")
+        if is_level not in IS_LEVELS:
+            errors.append(f"PeerRolloutPooling.is_level={is_level!r}; valid: {list(IS_LEVELS)}.")
+        if not c > 0 or (is_mode == "clip" and c < 1):
+            errors.append(f"PeerRolloutPooling.c={c!r} must be > 0, and >= 1 with is_mode='clip' (weights are "
+                          "clamped to [1/c, c]); e.g. c: 2.0.")
+        if lambda_prp < 0 or any(v < 0 for v in (lambda_per_policy or {}).values()):
+            errors.append(f"PeerRolloutPooling.lambda_prp must be >= 0; got {lambda_prp}, {lambda_per_policy}.")
+        if max_staleness is not None and max_staleness < 0:
+            errors.append(f"PeerRolloutPooling.max_staleness={max_staleness!r} must be >= 0 or null.")
+        if not eps > 0:
+            errors.append(f"PeerRolloutPooling.eps={eps!r} must be > 0 (e.g. 1e-4).")
+        if errors:
+            raise ConfigError("\n".join(errors))
+        self.max_peers_per_prompt, self.is_mode, self.is_level, self.c = max_peers_per_prompt, is_mode, is_level, c
+        self.lambda_prp, self.lambda_per_policy = lambda_prp, dict(lambda_per_policy or {})
+        self.max_staleness, self.sources, self.receivers, self.eps = max_staleness, sources, receivers, eps
+
+    def config_errors(self, trainer, system) -> list[str]:
+        """Unknown policy names and a missing SEE callback."""
+        errors = []
+        names = list(system.policies)
+        for field in ("lambda_per_policy", "sources", "receivers"):
+            for name in getattr(self, field) or []:
+                if name not in names:
+                    errors.append(f"PeerRolloutPooling.{field} names policy {name!r}, which is not in "
+                                  f"model.policies {names}.")
+        if not any(type(cb).__name__ == "SharedExperienceExchange" for cb in trainer.callbacks):
+            errors.append("PeerRolloutPooling reads RolloutRecords from SEE: add a SharedExperienceExchange "
+                          "callback before it (callbacks/prp.yaml has both).")
+        return errors
+
+    def setup(self, trainer, system, datamodule) -> None:
+        note = advantage_probe_note(trainer, self)
+        if note:
+            trainer.print(note)
+
+    def select(self, records: list[RolloutRecord], system) -> dict[str, list[RolloutRecord]]:
+        """Up to M records per prompt: newest step first, alternating between sources."""
+        by_prompt: dict[str, dict[str, list[RolloutRecord]]] = {}
+        for rec in sorted(records, key=lambda r: -r.step):  # stable: publication order within a step
+            if rec.source not in system.policies or (self.sources is not None and rec.source not in self.sources):
+                continue
+            if rec.reward != rec.reward:  # NaN: no verifier scored it, cannot be pooled
+                continue
+            by_prompt.setdefault(rec.prompt_id, {}).setdefault(rec.source, []).append(rec)
+        out = {}
+        for pid, per_source in by_prompt.items():
+            queues, chosen = [list(q) for q in per_source.values()], []
+            while len(chosen) < self.max_peers_per_prompt and any(queues):
+                for q in queues:
+                    if q and len(chosen) < self.max_peers_per_prompt:
+                        chosen.append(q.pop(0))
+            out[pid] = chosen
+        return out
+
+    def on_compose_batch(self, trainer, system, policy, batch) -> None:
+        name = policy.policy_name
+        if self.receivers is not None and name not in self.receivers:
+            return
+        tag = f"probe/prp/{name}"
+        scored, tok = batch.scored, policy.tokenizer
+        prompt_ids = [x.prompt_id for x in scored.items]
+        records = trainer.exchange.query(RolloutRecord, receiver=name, step=trainer.rollout_step,
+                                         prompt_ids=prompt_ids, max_staleness=self.max_staleness)
+        chosen = self.select(records, system)
+        rows = torch.isfinite(scored.rewards).all(dim=1)
+        traces, peers, failures = [], [], 0
+        for b, pid in enumerate(prompt_ids):
+            if not bool(rows[b]):
+                continue
+            for rec in chosen.get(pid, []):
+                trace = transfer_trace(system.policies[rec.source].tokenizer, rec.token_ids, rec.logprobs, tok,
+                                       scored.prompt_texts[b], rec.completion_text,
+                                       add_eos=rec.finish_reason == "eos")
+                traces.append(trace)
+                if not trace.round_trip_ok or not trace.retokenized.completion_ids:
+                    failures += 1
+                    continue
+                peers.append((b, trace, rec))
+        metrics = {f"{tag}/peers_pooled": float(len(peers)), f"{tag}/retokenize_failures": float(failures),
+                   f"{tag}/prompts_with_peers": float(len({b for b, _, _ in peers})),
+                   f"{tag}/nan_rows_skipped": float((~rows).sum())}
+        metrics.update(residual_metrics(traces, prefix=f"thl/prp/{name}/"))
+        batch.metrics.update(metrics)
+        if not peers:
+            return
+        self._pool(policy, batch, rows, peers, tag)
+
+    def _pool(self, policy, batch, rows: Tensor, peers: list, tag: str) -> None:
+        """Pooled advantages, no-grad receiver log-probs, weight metrics and the peer loss."""
+        scored, tok = batch.scored, policy.tokenizer
+        slots: dict[int, list[int]] = {}
+        for k, (b, _, _) in enumerate(peers):
+            slots.setdefault(b, []).append(k)
+        width = max(len(v) for v in slots.values())
+        peer_r = torch.zeros(scored.rewards.shape[0], width, dtype=scored.rewards.dtype)
+        peer_mask = torch.zeros_like(peer_r, dtype=torch.bool)
+        for b, ks in slots.items():
+            for slot, k in enumerate(ks):
+                peer_r[b, slot], peer_mask[b, slot] = peers[k][2].reward, True
+        kept = rows.nonzero().squeeze(1)
+        own_adv, peer_adv = prp_pooled_advantages(scored.rewards[kept], peer_r[kept], peer_mask[kept],
+                                                  policy.scale_rewards, self.eps)
+        new = batch.advantages.clone()
+        new[kept] = own_adv.to(new.dtype)
+        batch.advantages = new
+        full_peer_adv = torch.zeros_like(peer_r)
+        full_peer_adv[kept] = peer_adv.to(peer_r.dtype)
+        advantages = torch.tensor([float(full_peer_adv[b, slots[b].index(k)]) for k, (b, _, _) in enumerate(peers)])
+
+        prompts = [tr.retokenized.prompt_ids[-policy.max_prompt_length:] for _, tr, _ in peers]
+        p_ids, p_mask = left_pad(prompts, tok.pad_token_id)
+        length = max(len(tr.retokenized.completion_ids) for _, tr, _ in peers)
+        c_ids = torch.full((len(peers), length), tok.pad_token_id, dtype=torch.long)
+        c_mask = torch.zeros(len(peers), length, dtype=torch.bool)
+        logp_src = torch.zeros(len(peers), length, dtype=torch.float32)
+        for k, (_, tr, _) in enumerate(peers):
+            n = len(tr.retokenized.completion_ids)
+            c_ids[k, :n] = torch.tensor(tr.retokenized.completion_ids, dtype=torch.long)
+            c_mask[k, :n] = True
+            logp_src[k, :n] = torch.tensor(tr.logprobs, dtype=torch.float32)
+        loss_mask = c_mask.clone()
+        if policy.mask_truncated_completions:
+            loss_mask &= torch.tensor([rec.finish_reason != "length" for _, _, rec in peers]).unsqueeze(1)
+        logp_recv = self._receiver_logprobs(policy, p_ids, p_mask, c_ids, c_mask)
+        logp_recv = torch.where(c_mask, logp_recv, torch.zeros_like(logp_recv))
+        for key, value in prp_weight_metrics(logp_recv, logp_src, loss_mask, self.is_mode, self.is_level,
+                                             self.c).items():
+            batch.metrics[f"{tag}/{key.removeprefix('probe/prp_')}"] = value
+        r = scored.rollouts
+        own_mask = r.completion_mask.clone()
+        if policy.mask_truncated_completions:
+            own_mask &= ~r.truncated.to(own_mask.device).unsqueeze(1)
+        weight = self.lambda_per_policy.get(policy.policy_name, self.lambda_prp)
+        if weight > 0:
+            tensors = {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": c_ids, "completion_mask": c_mask,
+                       "loss_mask": loss_mask, "logp_recv": logp_recv, "logp_src": logp_src, "advantages": advantages}
+            batch.aux_losses.append(_PRPPeerLoss(tensors, self, weight, r.completion_ids.shape[0],
+                                                 float(own_mask.sum()), tag))
+
+    @staticmethod
+    @torch.no_grad()
+    def _receiver_logprobs(policy, p_ids: Tensor, p_mask: Tensor, c_ids: Tensor, c_mask: Tensor) -> Tensor:
+        """i's log-probs of the peer tokens at compose time: ``[M, L]`` float32 nats, no grad."""
+        device = next(policy.model.parameters()).device
+        micro = policy.micro_batch_size or c_ids.shape[0]
+        out = []
+        for i in range(0, c_ids.shape[0], micro):
+            sl = slice(i, i + micro)
+            logp, _ = policy.completion_logprobs(p_ids[sl].to(device), p_mask[sl].to(device), c_ids[sl].to(device),
+                                                 c_mask[sl].to(device))
+            out.append(logp.float().cpu())
+        return torch.cat(out)

@@ -1,0 +1,85 @@
+"""End-to-end: the CLI ``fit`` on two tiny policies of different families (issue 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from mrl_lightning.cli import main
+
+
+def _run_dir(root: Path) -> Path:
+    runs = sorted((p.parent for p in root.glob("*/config.yaml")), key=lambda p: p.stat().st_mtime)
+    assert runs, f"no run folder with config.yaml under {root}"
+    return runs[-1]
+
+
+def _fit(config: Path, *extra: str) -> Path:
+    rc = main(["fit", "--config", str(config), *extra])
+    assert rc == 0
+    return _run_dir(config.parent / "runs")
+
+
+def test_fit_two_steps_writes_config_checkpoint_events_and_changes_every_parameter(write_config):
+    config = write_config()
+    run = _fit(config)
+    assert (run / "config.yaml").is_file()
+    saved = (run / "config.yaml").read_text()
+    assert "SuccessGatedTransfer" in saved and "max_steps: 2" in saved
+    assert (run / "checkpoints" / "last.ckpt").is_file()
+    assert list(run.glob("events.out.tfevents.*")), "no TensorBoard events written"
+
+    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert state["counters"]["global_step"] == 2
+    cache = config.parent / "cache" / "models"
+    for name, folder in (("gpt2", "gpt2-*"), ("llama", "llama-*")):
+        (initial_dir,) = list(cache.glob(folder))
+        initial = AutoModelForCausalLM.from_pretrained(initial_dir)
+        trained = state["policies"][name]["model"]
+        unchanged = [k for k, p in initial.named_parameters()
+                     if p.requires_grad and torch.equal(p.detach(), trained[k])]
+        assert not unchanged, f"{name}: parameters unchanged after 2 steps: {unchanged}"
+
+
+def test_tensorboard_has_per_policy_and_probe_tags(write_config):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = _fit(write_config())
+    events = EventAccumulator(str(run))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    for policy in ("gpt2", "llama"):
+        for tag in ("rollout/{p}/reward_mean", "rollout/{p}/reward_std", "rollout/{p}/success_rate",
+                    "rollout/{p}/success_rate_add", "rollout/{p}/zero_std_group_share", "train/{p}/loss",
+                    "train/{p}/clip_ratio_low", "train/{p}/entropy_nats", "rollout/{p}/completion_length_tokens",
+                    "rollout/{p}/truncated_share", "train/{p}/grad_norm", "eval/{p}/success_weak",
+                    "eval/{p}/success_strong", "probe/sgt/{p}/rescue_set_size", "probe/sgt/{p}/transfers"):
+            assert tag.format(p=policy) in tags, f"missing tag {tag.format(p=policy)}"
+    assert "train/step_time_s" in tags and "exchange/records_published" in tags
+    assert events.Tags()["tensors"] or events.Tags().get("text") is not None
+
+
+def test_resume_continues_with_identical_state(write_config, tmp_path):
+    straight = write_config("straight.yaml", modify=lambda c: c["trainer"].update(max_steps=4, version="straight", keep_checkpoints=10))
+    run = _fit(straight)
+    mid = run / "checkpoints" / "step=2.ckpt"
+    assert mid.is_file()
+    resumed_cfg = write_config("resumed.yaml", modify=lambda c: c["trainer"].update(max_steps=4, version="resumed"))
+    resumed = _fit(resumed_cfg, "--ckpt_path", str(mid))
+    a = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    b = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)
+    assert a["counters"] == b["counters"]
+    for name in a["policies"]:
+        for key, value in a["policies"][name]["model"].items():
+            assert torch.equal(value, b["policies"][name]["model"][key]), f"{name}.{key} differs after resume"
+    assert a["data"] == b["data"]
+    assert a["callbacks"] == b["callbacks"], "exchange / probe state differs after resume"
+    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
+
+
+def test_missing_ckpt_path_is_a_clear_error(write_config, capsys):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        main(["fit", "--config", str(write_config()), "--ckpt_path", "/nonexistent/last.ckpt"])

@@ -1,0 +1,113 @@
+"""PolicyModule's GRPO settings are validated at construction (issue 2, STYLE "Errors").
+
+A bad value stops with a ConfigError that names the field and the value received, every
+problem at once, and before any model is built.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mrl_lightning.errors import ConfigError
+from mrl_lightning.policy import PolicyModule
+from mrl_lightning.recipes.tokenizers import train_char_level
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """A tokenizer folder with pad == eos, one without a pad token, and an (empty) model folder."""
+    root = tmp_path_factory.mktemp("policy_config")
+    tok = train_char_level(["Calculate 12 + 34.\nAnswer: 46"], root / "tok")
+    tok.pad_token = None
+    tok.save_pretrained(str(root / "tok_nopad"))
+    (root / "model").mkdir()
+    return root
+
+
+@pytest.fixture(autouse=True)
+def no_model_loading(monkeypatch):
+    """Validation must never build a model: loading one fails the test."""
+    import transformers
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded during config validation")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+
+
+def _make(folders, **overrides):
+    kwargs = dict(name="p", model=str(folders / "model"), tokenizer=str(folders / "tok"))
+    kwargs.update(overrides)
+    return PolicyModule(**kwargs)
+
+
+def test_valid_config_loads_only_the_tokenizer(folders):
+    policy = _make(folders)
+    assert policy.model is None
+    assert policy.tokenizer.pad_token_id == policy.tokenizer.eos_token_id
+
+
+@pytest.mark.parametrize("value", [1, 0, -3])
+def test_num_generations_below_two_is_rejected_with_field_and_value(folders, value):
+    with pytest.raises(ConfigError, match=rf"num_generations={value};.*>= 2"):
+        _make(folders, num_generations=value)
+
+
+def test_unknown_loss_type_lists_the_valid_ones(folders):
+    with pytest.raises(ConfigError) as info:
+        _make(folders, loss_type="ppo")
+    assert "loss_type='ppo'" in str(info.value)
+    assert "['grpo', 'bnpo', 'dr_grpo', 'dapo']" in str(info.value)
+
+
+def test_unknown_scale_rewards_lists_the_valid_ones(folders):
+    with pytest.raises(ConfigError, match=r"scale_rewards='std'; valid: \['group', 'batch', 'none'\]"):
+        _make(folders, scale_rewards="std")
+
+
+def test_missing_local_model_folder_is_named(folders):
+    missing = str(folders / "no_such_model")
+    with pytest.raises(ConfigError) as info:
+        _make(folders, model=missing)
+    assert f"model={missing!r} is not an existing folder" in str(info.value)
+
+
+def test_missing_local_tokenizer_folder_is_named(folders):
+    missing = str(folders / "no_such_tokenizer")
+    with pytest.raises(ConfigError) as info:
+        _make(folders, tokenizer=missing)
+    assert f"tokenizer={missing!r} is not an existing folder" in str(info.value)
+
+
+def test_tokenizer_without_pad_token_is_rejected_with_the_fix(folders):
+    nopad = str(folders / "tok_nopad")
+    with pytest.raises(ConfigError) as info:
+        _make(folders, tokenizer=nopad)
+    message = str(info.value)
+    assert f"tokenizer {nopad!r} has no pad token" in message
+    assert "pad_token:" in message
+
+
+def test_pad_token_option_repairs_a_tokenizer_without_pad(folders):
+    policy = _make(folders, tokenizer=str(folders / "tok_nopad"), pad_token="</s>")
+    assert policy.tokenizer.pad_token_id == policy.tokenizer.eos_token_id
+
+
+def test_several_problems_are_reported_at_once(folders):
+    missing = str(folders / "gone")
+    with pytest.raises(ConfigError) as info:
+        _make(folders, model=missing, tokenizer=str(folders / "tok_nopad"), num_generations=1,
+              loss_type="ppo", temperature=0.0, epsilon=-0.1)
+    message = str(info.value)
+    for fragment in (
+        "policy 'p'",
+        "num_generations=1",
+        "loss_type='ppo'",
+        "temperature=0.0",
+        "epsilon/epsilon_high must be >= 0",
+        f"model={missing!r}",
+        "has no pad token",
+    ):
+        assert fragment in message, fragment
+    # One bullet per problem.
+    assert message.count("\n  - ") == 6
