@@ -62,6 +62,8 @@ class PolicyModule(pl.LightningModule):
         micro_batch_size: Sequences per forward/backward; None = the whole batch.
         strong_parts: Task parts this policy starts good at (log tags ``..._strong``);
             the others are its weak parts. None: taken from the warm-start recipe.
+        disable_dropout: Set every dropout probability to 0 (TRL ``disable_dropout``), so
+            that training log-probs match sampling and the ratio is 1 before an update.
 
     Raises:
         ValueError: every invalid option at once, before any model is built.
@@ -93,6 +95,7 @@ class PolicyModule(pl.LightningModule):
         mask_truncated_completions: bool = False,
         micro_batch_size: int | None = None,
         strong_parts: list[str] | None = None,
+        disable_dropout: bool = True,
     ) -> None:
         super().__init__()
         self.policy_name = name
@@ -109,6 +112,7 @@ class PolicyModule(pl.LightningModule):
         self.mask_truncated_completions = mask_truncated_completions
         self.micro_batch_size = micro_batch_size
         self.strong_parts = strong_parts
+        self.disable_dropout = disable_dropout
         self.model: torch.nn.Module | None = None
         self.tokenizer = None
         self._ref_model: list[torch.nn.Module] = []  # kept out of state_dict: rebuilt from the same weights
@@ -206,6 +210,12 @@ class PolicyModule(pl.LightningModule):
                 raise ConfigError("\n".join(errors))
         self.model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
         self.model.train()  # from_pretrained returns eval mode (FIELD_NOTES)
+        if self.disable_dropout:
+            for module in self.model.modules():
+                if isinstance(module, torch.nn.Dropout):
+                    module.p = 0.0
+                if hasattr(module, "attention_dropout") and isinstance(module.attention_dropout, float):
+                    module.attention_dropout = 0.0
         if self.beta > 0:
             ref = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
             ref.requires_grad_(False)

@@ -44,6 +44,7 @@ from mrl_lightning.callbacks.base import MRLCallback
 from mrl_lightning.callbacks.xgrpo import advantage_probe_note
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.exchange import RolloutRecord
+from mrl_lightning.objectives.grpo import group_advantages
 from mrl_lightning.probes.prp import IS_LEVELS, IS_MODES, prp_pooled_advantages, prp_token_losses, prp_weight_metrics
 from mrl_lightning.rollout.hf_generate import left_pad
 from mrl_lightning.thl import residual_metrics, transfer_trace
@@ -198,6 +199,19 @@ class PeerRolloutPooling(MRLCallback):
         return out
 
     def on_compose_batch(self, trainer, system, policy, batch) -> None:
+        """SPEC 1 step 5 for ``policy``: pool peers, replace own advantages, append the peer loss.
+
+        Args:
+            trainer: Gives ``exchange`` (SEE) and ``rollout_step``.
+            system: Gives ``policies`` (each peer's tokenizer, for THL).
+            policy: The receiver i.
+            batch: i's :class:`~mrl_lightning.batch.TrainBatch`; ``advantages [B, G]`` is
+                replaced for prompts with finite own rewards, one loss term is appended to
+                ``aux_losses`` when a peer was pooled, and scalars go to ``metrics``.
+
+        Raises:
+            TypeError: a tokenizer is not a fast tokenizer (THL needs offsets and bytes).
+        """
         name = policy.policy_name
         if self.receivers is not None and name not in self.receivers:
             return
@@ -226,7 +240,8 @@ class PeerRolloutPooling(MRLCallback):
                    f"{tag}/nan_rows_skipped": float((~rows).sum())}
         metrics.update(residual_metrics(traces, prefix=f"thl/prp/{name}/"))
         batch.metrics.update(metrics)
-        if not peers:
+        if not peers:  # a pooled group of G + 0: plain GRPO, so an earlier probe's advantages never leak
+            batch.advantages = group_advantages(scored.rewards, policy.scale_rewards, self.eps)
             return
         self._pool(policy, batch, rows, peers, tag)
 

@@ -132,12 +132,18 @@ class CrossPolicyAdvantage(MRLCallback):
         records = trainer.exchange.query(GroupStatsRecord, receiver=receiver, step=trainer.rollout_step,
                                          prompt_ids=prompt_ids, max_staleness=self.max_staleness)
         newest: dict[tuple[str, str], GroupStatsRecord] = {}
-        for rec in records:  # publication order: later records overwrite earlier ones
-            if rec.n > 0:
-                newest[(rec.prompt_id, rec.source)] = rec
+        for rec in records:  # publication order: on a tie in step the later record wins
+            key = (rec.prompt_id, rec.source)
+            if rec.n > 0 and (key not in newest or rec.step >= newest[key].step):
+                newest[key] = rec
         return list(newest.values())
 
     def on_compose_batch(self, trainer, system, policy, batch) -> None:
+        """SPEC 1 step 5 for ``policy``: replace ``batch.advantages`` ``[B, G]`` by XGRPO's.
+
+        Rows (prompts) with a NaN own reward keep the trainer's GRPO advantages; scalars go
+        to ``batch.metrics``. Reads ``trainer.exchange`` and ``trainer.rollout_step``.
+        """
         name = policy.policy_name
         if self.receivers is not None and name not in self.receivers:
             return

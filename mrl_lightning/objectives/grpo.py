@@ -85,6 +85,11 @@ def group_advantages(rewards: Tensor, scale_rewards: str = "group", eps: float =
     count = valid.sum(dim=1, keepdim=True).clamp(min=1)
     mean = r.sum(dim=1, keepdim=True) / count
     centered = torch.where(valid, r - mean, torch.zeros_like(r))
+    # A group whose valid rewards are all equal gets exactly 0 (float32 means of e.g. 0.9 are inexact).
+    big = torch.finfo(r.dtype).max
+    hi = torch.where(valid, r, torch.full_like(r, -big)).max(dim=1, keepdim=True).values
+    lo = torch.where(valid, r, torch.full_like(r, big)).min(dim=1, keepdim=True).values
+    centered = torch.where(hi == lo, torch.zeros_like(centered), centered)
     if scale_rewards == "group":
         var = centered.pow(2).sum(dim=1, keepdim=True) / (count - 1).clamp(min=1)
         adv = centered / (var.sqrt() + eps)

@@ -268,11 +268,16 @@ def test_end_to_end_two_families_through_the_trainer(model_dirs, tmp_path):
                                     recorder])
     trainer.fit(system, data)
     assert len(recorder.steps) == 2
-    for metrics in recorder.steps:
-        for name in ("gpt2", "llama"):
-            assert metrics[f"probe/prp/{name}/peers_pooled"] > 0
-            for key in (f"train/{name}/loss", f"probe/prp/{name}/loss", f"probe/prp/{name}/ess",
-                        f"thl/prp/{name}/boundary_agreement", f"thl/prp/{name}/logprob_mass_moved"):
+    for name in ("gpt2", "llama"):
+        # Random models sample stray byte pieces; THL rejects texts it cannot spell exactly.
+        assert sum(m[f"probe/prp/{name}/peers_pooled"] for m in recorder.steps) > 0
+        for metrics in recorder.steps:
+            assert metrics[f"probe/prp/{name}/peers_pooled"] + metrics[f"probe/prp/{name}/retokenize_failures"] \
+                == metrics[f"thl/prp/{name}/num_sequences"]
+            keys = [f"train/{name}/loss", f"thl/prp/{name}/boundary_agreement", f"thl/prp/{name}/logprob_mass_moved"]
+            if metrics[f"probe/prp/{name}/peers_pooled"]:
+                keys += [f"probe/prp/{name}/loss", f"probe/prp/{name}/ess", f"probe/prp/{name}/log_ratio_max"]
+            for key in keys:
                 assert math.isfinite(metrics[key]), key
     for p in policies:
         assert any(not torch.equal(x, y) for x, y in zip(before[p.policy_name], p.model.parameters()))

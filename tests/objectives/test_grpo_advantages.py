@@ -32,12 +32,6 @@ def test_group_with_identical_rewards_gets_exactly_zero_advantage_and_no_nan(sca
     assert torch.isfinite(adv).all() and (adv[1] != 0).all()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG grpo.py group_advantages: mean = sum / count is not exact in float32 for non-dyadic "
-    "rewards, so a group of eight 0.9 rewards gets r - mean = 6e-8 and, divided by (0 + 1e-4), "
-    "advantages of 6e-4 instead of the documented exact 0.",
-)
 @pytest.mark.parametrize("scale", ["group", "batch"])
 def test_group_with_identical_fractional_rewards_gets_exactly_zero_advantage(scale):
     # Partial-credit or weighted rewards: eight completions all scored 0.9 (and a G = 3 group at 0.9).

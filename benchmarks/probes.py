@@ -1,0 +1,317 @@
+"""Probe comparison on the embedded default (issue 4 item 3; SPEC 3, 8). Not a test.
+
+Runs ``configs/default.yaml`` under every arm (default: none, PRP, XGRPO, SGT) with
+several ``seed_everything`` values, each run a ``mrl fit`` subprocess with one thread
+(``--parallel`` at a time), then reads every run's TensorBoard events and writes:
+
+- ``runs.csv``: one row per (arm, seed, policy) with the final greedy eval success
+  (overall = mean over task parts, weak part, strong part), the update variance
+  (variance across steps of ``train/<p>/grad_norm``, the pre-clip gradient norm, logged
+  every step) and, for PRP arms, the mean THL residual and importance-weight ESS;
+- ``summary.csv`` and ``summary.md``: per (arm, policy) the mean and 95% interval over
+  seeds (Student t, n - 1 degrees of freedom);
+- ``probes.png``: final weak-part success per arm and policy (mean, 95% interval) and
+  weak- and strong-part success over training (mean over seeds).
+
+The warm-start is shared across arms and seeds: the TinyCausalLM recipe caches it by a
+hash of the recipe (its own ``seed`` stays fixed), so only the first run builds it; a
+one-step run builds it before the parallel runs start. ``seed_everything`` changes
+sampling and data order only. Finished runs (``done.json``) are skipped on a rerun.
+
+Arms: ``none``, ``prp`` (truncate), ``prp_clip``, ``prp_none`` (the weight modes of SPEC
+3.2, c = 2), ``xgrpo``, ``sgt``: each is ``callbacks/<snippet>.yaml`` stacked on the default.
+
+Cost (default.yaml as of writing: B = 16, G = 8, two policies): one run takes about
+0.2 s/step for none / XGRPO / SGT and about 1.6x that for PRP (M = 4) on an idle core,
+so 12 runs of 1,500 steps, 2 at a time, take about 45 min on this 2-core CPU. Measured while
+two other training runs shared the CPU: 0.47 s/step (none), 0.75 s/step (PRP), which
+would still fit in ~80 min. The ETA is printed after every run.
+
+Usage::
+
+    python benchmarks/probes.py --out runs/probes                  # full comparison
+    python benchmarks/probes.py --steps 4 --seeds 0 --arms none prp --out /tmp/probes_smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+ARMS = {  # arm -> (snippet, overrides of the probe's init_args)
+    "none": ("none.yaml", {}),
+    "prp": ("prp.yaml", {}),
+    "prp_clip": ("prp.yaml", {"is_mode": "clip", "c": 2.0}),
+    "prp_none": ("prp.yaml", {"is_mode": "none"}),
+    "xgrpo": ("xgrpo.yaml", {}),
+    "sgt": ("sgt.yaml", {}),
+}
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def arm_snippet(arm: str, out: Path) -> Path:
+    """The callbacks YAML of ``arm`` (written under ``out`` when it overrides options)."""
+    snippet, overrides = ARMS[arm]
+    path = REPO / "callbacks" / snippet
+    if not overrides:
+        return path
+    config = yaml.safe_load(path.read_text())
+    config["trainer"]["callbacks"][-1].setdefault("init_args", {}).update(overrides)
+    target = out / "snippets" / f"{arm}.yaml"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(yaml.safe_dump(config, sort_keys=False))
+    return target
+
+
+def fit_command(config: Path, snippet: Path, seed: int, steps: int, eval_every: int, run_dir: Path) -> list[str]:
+    """``mrl fit`` for one run, one thread, logging every step, checkpoint only at the end."""
+    mrl = Path(sys.executable).with_name("mrl")
+    return [str(mrl), "fit", "--config", str(config), "--config", str(snippet), "--seed_everything", str(seed),
+            "--trainer.max_steps", str(steps), "--trainer.eval_every_n_steps", str(eval_every),
+            "--trainer.log_every_n_steps", "1", "--trainer.num_threads", "1",
+            "--trainer.checkpoint_every_n_steps", "0", "--trainer.enable_progress_bar", "false",
+            "--trainer.default_root_dir", str(run_dir), "--trainer.version", "0"]
+
+
+def run_all(jobs: list[dict], parallel: int, timeout_s: float | None) -> None:
+    """Run ``jobs`` (dicts with cmd, dir, name) ``parallel`` at a time; raise if any failed."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    pending, running, failed = list(jobs), [], []
+    start = time.perf_counter()
+    while pending or running:
+        while pending and len(running) < parallel:
+            job = pending.pop(0)
+            shutil.rmtree(job["dir"], ignore_errors=True)  # a rerun of an unfinished run starts clean
+            job["dir"].mkdir(parents=True, exist_ok=True)
+            log = open(job["dir"] / "fit.log", "w")
+            job["proc"], job["log"], job["t0"] = subprocess.Popen(job["cmd"], cwd=REPO, env=env, stdout=log,
+                                                                  stderr=subprocess.STDOUT), log, time.perf_counter()
+            running.append(job)
+            print(f"[{time.perf_counter() - start:7.0f} s] start {job['name']}", flush=True)
+        time.sleep(1.0)
+        for job in list(running):
+            rc = job["proc"].poll()
+            if rc is None and timeout_s and time.perf_counter() - job["t0"] > timeout_s:
+                job["proc"].kill()
+                rc = job["proc"].wait()
+            if rc is None:
+                continue
+            running.remove(job)
+            job["log"].close()
+            seconds = time.perf_counter() - job["t0"]
+            if rc == 0:
+                (job["dir"] / "done.json").write_text(json.dumps({"seconds": seconds, "cmd": job["cmd"]}))
+            else:
+                failed.append(job["name"])
+            finished = len(jobs) - len(pending) - len(running)
+            eta = (time.perf_counter() - start) / finished * (len(jobs) - finished)
+            print(f"[{time.perf_counter() - start:7.0f} s] {'done' if rc == 0 else f'FAILED rc={rc}'} "
+                  f"{job['name']} ({seconds:.0f} s; {finished}/{len(jobs)} runs, about {eta / 60:.0f} min left; "
+                  f"log {job['dir'] / 'fit.log'})", flush=True)
+    if failed:
+        raise RuntimeError(f"{len(failed)} run(s) failed: {failed}; see their fit.log.")
+
+
+def read_run(run_dir: Path) -> tuple[dict[str, dict[str, float]], dict[str, list[tuple[int, float]]]]:
+    """Per-policy final numbers of one run, and its weak-part eval curves.
+
+    Returns:
+        ``({policy: {metric: value}}, {policy: {"weak" | "strong": [(step, success)]}})``.
+    """
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "version_0"), size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+
+    def series(tag):
+        return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in tags else []
+
+    policies = sorted({t.split("/")[1] for t in tags if t.startswith("eval/")})
+    out, curves = {}, {}
+    for p in policies:
+        parts = sorted(t for t in tags if t.startswith(f"eval/{p}/success_")
+                       and t.rsplit("_", 1)[1] not in ("weak", "strong"))
+        finals = [series(t)[-1][1] for t in parts]
+        row = {"success_overall": sum(finals) / len(finals) if finals else math.nan}
+        for name in ("weak", "strong"):
+            values = series(f"eval/{p}/success_{name}")
+            row[f"success_{name}"] = values[-1][1] if values else math.nan
+            row[f"success_{name}_start"] = values[0][1] if values else math.nan
+        grad = [v for _, v in series(f"train/{p}/grad_norm")]
+        mean = sum(grad) / len(grad) if grad else math.nan
+        row["grad_norm_mean"] = mean
+        row["update_variance"] = sum((g - mean) ** 2 for g in grad) / (len(grad) - 1) if len(grad) > 1 else math.nan
+        for key, tag in (("thl_mass_moved", f"thl/prp/{p}/logprob_mass_moved"),
+                         ("thl_boundary_agreement", f"thl/prp/{p}/boundary_agreement"),
+                         ("thl_round_trip_failures", f"thl/prp/{p}/round_trip_failures"),
+                         ("prp_ess", f"probe/prp/{p}/ess"), ("prp_peers_pooled", f"probe/prp/{p}/peers_pooled")):
+            values = [v for _, v in series(tag)]
+            row[key] = sum(values) / len(values) if values else math.nan
+        out[p] = row
+        curves[p] = {"weak": series(f"eval/{p}/success_weak"), "strong": series(f"eval/{p}/success_strong")}
+    return out, curves
+
+
+def mean_ci(values: list[float]) -> tuple[float, float]:
+    """Mean and half-width of the 95% Student-t interval (nan half-width for n < 2)."""
+    values = [v for v in values if not math.isnan(v)]
+    if not values:
+        return math.nan, math.nan
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, math.nan
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, T_975.get(n - 1, 1.96) * sd / math.sqrt(n)
+
+
+SUMMARY_KEYS = ("success_overall", "success_weak", "success_strong", "update_variance", "thl_mass_moved",
+                "thl_boundary_agreement", "prp_ess")
+
+
+def summarize(rows: list[dict], out: Path, meta: dict) -> list[dict]:
+    """Write runs.csv, summary.csv and summary.md; return the summary rows."""
+    with open(out / "runs.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    summary = []
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        for policy in dict.fromkeys(r["policy"] for r in rows if r["arm"] == arm):
+            group = [r for r in rows if r["arm"] == arm and r["policy"] == policy]
+            row = {"arm": arm, "policy": policy, "seeds": len(group)}
+            for key in SUMMARY_KEYS:
+                row[key], row[f"{key}_ci95"] = mean_ci([r[key] for r in group])
+            summary.append(row)
+    with open(out / "summary.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(summary[0]))
+        writer.writeheader()
+        writer.writerows(summary)
+
+    def cell(row, key, digits=3):
+        mean, half = row[key], row[f"{key}_ci95"]
+        if math.isnan(mean):
+            return "-"
+        return f"{mean:.{digits}f}" + ("" if math.isnan(half) else f" ± {half:.{digits}f}")
+
+    lines = [f"Probe comparison: {meta['command']}", "",
+             f"{meta['steps']} steps, seeds {meta['seeds']}, wall time {meta['wall_s'] / 60:.1f} min. "
+             "Mean ± 95% interval over seeds (Student t). Success = greedy eval on held-out prompts at the "
+             "last step; update variance = variance across steps of train/<p>/grad_norm; THL moved = share "
+             "of log-prob mass split inside chunks (PRP only).", "",
+             "| arm | policy | seeds | success overall | success weak | success strong | update variance "
+             "| THL moved | THL boundary agr. | PRP ESS |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in summary:
+        lines.append(f"| {r['arm']} | {r['policy']} | {r['seeds']} | {cell(r, 'success_overall')} | "
+                     f"{cell(r, 'success_weak')} | {cell(r, 'success_strong')} | {cell(r, 'update_variance', 4)} | "
+                     f"{cell(r, 'thl_mass_moved')} | {cell(r, 'thl_boundary_agreement')} | {cell(r, 'prp_ess')} |")
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    return summary
+
+
+def plot(summary: list[dict], curves: dict, out: Path) -> Path:
+    """Bar chart of final weak-part success, and weak/strong success over steps (mean over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = list(dict.fromkeys(r["arm"] for r in summary))
+    policies = list(dict.fromkeys(r["policy"] for r in summary))
+    fig, axes = plt.subplots(1, 1 + len(policies), figsize=(5 * (1 + len(policies)), 4))
+    width = 0.8 / max(len(policies), 1)
+    for k, policy in enumerate(policies):
+        rows = {r["arm"]: r for r in summary if r["policy"] == policy}
+        means = [rows[a]["success_weak"] if a in rows else math.nan for a in arms]
+        errs = [0.0 if a not in rows or math.isnan(rows[a]["success_weak_ci95"]) else rows[a]["success_weak_ci95"]
+                for a in arms]
+        axes[0].bar([i + k * width for i in range(len(arms))], means, width, yerr=errs, capsize=3, label=policy)
+    axes[0].set_xticks([i + width * (len(policies) - 1) / 2 for i in range(len(arms))], arms)
+    axes[0].set_ylabel("final greedy success, weak part")
+    axes[0].set_title("weak part (mean, 95% interval)")
+    axes[0].legend()
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, policy in zip(axes[1:], policies):
+        for i, arm in enumerate(arms):
+            for part, style in (("weak", "-"), ("strong", ":")):
+                runs = [c[part] for (a, p, _), c in curves.items() if a == arm and p == policy and c[part]]
+                if not runs:
+                    continue
+                steps = [s for s, _ in runs[0]]
+                mean = [sum(run[j][1] for run in runs if j < len(run)) / len(runs) for j in range(len(steps))]
+                ax.plot(steps, mean, style, marker="o", markersize=3, color=colors[i % len(colors)],
+                        label=f"{arm} ({part})")
+        ax.set_title(f"{policy}: greedy success over training")
+        ax.set_xlabel("step")
+        ax.set_ylabel("success (mean over seeds)")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "probes.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=1500, help="training steps per run (default.yaml's max_steps)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seed_everything values")
+    parser.add_argument("--arms", nargs="+", default=["none", "prp", "xgrpo", "sgt"], choices=sorted(ARMS))
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / "probes", help="output folder")
+    parser.add_argument("--parallel", type=int, default=2, help="runs at once (one thread each)")
+    parser.add_argument("--eval-every", type=int, default=None, help="eval period; default steps // 5")
+    parser.add_argument("--config", type=Path, default=REPO / "configs" / "default.yaml")
+    parser.add_argument("--timeout-s", type=float, default=None, help="kill a run after this long")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.parallel < 1:
+        parser.error(f"--steps={args.steps} and --parallel={args.parallel} must be >= 1.")
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    eval_every = args.eval_every or max(1, args.steps // 5)
+    start = time.perf_counter()
+    jobs = []
+    for seed in args.seeds:  # seed-major, so a partial run still covers every arm
+        for arm in args.arms:
+            run_dir = out / "runs" / arm / f"seed{seed}"
+            if (run_dir / "done.json").is_file():
+                print(f"skip {arm}/seed{seed}: done.json exists")
+                continue
+            cmd = fit_command(args.config, arm_snippet(arm, out), seed, args.steps, eval_every, run_dir)
+            jobs.append({"name": f"{arm}/seed{seed}", "dir": run_dir, "cmd": cmd})
+    if jobs:  # build (or find) the cached warm-start once, before runs race to build it
+        warm = out / "warm_start"
+        run_all([{"name": "warm-start", "dir": warm,
+                  "cmd": fit_command(args.config, REPO / "callbacks" / "none.yaml", 0, 1, 1, warm)}], 1, None)
+        run_all(jobs, args.parallel, args.timeout_s)
+    rows, curves = [], {}
+    for arm in args.arms:
+        for seed in args.seeds:
+            finals, parts = read_run(out / "runs" / arm / f"seed{seed}")
+            for policy, values in finals.items():
+                rows.append({"arm": arm, "seed": seed, "policy": policy, **values})
+                curves[(arm, policy, seed)] = parts[policy]
+    meta = {"command": "python benchmarks/probes.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "steps": args.steps, "seeds": args.seeds, "wall_s": time.perf_counter() - start}
+    summary = summarize(rows, out, meta)
+    figure = plot(summary, curves, out)
+    print((out / "summary.md").read_text())
+    print(f"Wrote {out / 'runs.csv'}, {out / 'summary.csv'}, {out / 'summary.md'}, {figure} "
+          f"in {meta['wall_s'] / 60:.1f} min.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
