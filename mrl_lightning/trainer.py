@@ -30,6 +30,7 @@ from lightning.fabric.loggers import TensorBoardLogger
 from mrl_lightning.batch import TrainBatch
 from mrl_lightning.callbacks.base import MRLCallback
 from mrl_lightning.checkpoint import atomic_save, load_checkpoint, rng_state, set_rng_state
+from mrl_lightning.mwra import build_plan, format_plan, validate_plan
 from mrl_lightning.objectives.grpo import group_advantages
 from mrl_lightning.policy import policy_update
 from mrl_lightning.progress import RunProgress
@@ -96,6 +97,7 @@ class MRLTrainer:
         self.num_sample_completions, self.enable_progress_bar = num_sample_completions, enable_progress_bar
         self.num_threads = num_threads
         self.default_root_dir = default_root_dir
+        self.precision = precision
         self.logger = TensorBoardLogger(root_dir=default_root_dir, name="", version=version)
         self.fabric = Fabric(accelerator=accelerator, devices=devices, strategy=strategy, precision=precision,
                              callbacks=self.callbacks, loggers=[self.logger])
@@ -144,6 +146,9 @@ class MRLTrainer:
             self.optimizer_steps.setdefault(policy.policy_name, 0)
             if policy.ref_model is not None:
                 policy.ref_model.to(self.fabric.device)
+        plan = build_plan(model, self.fabric, self.precision)
+        validate_plan(plan, self.fabric.device)
+        self.print("Resource plan (MWRA):\n" + format_plan(plan))
         self.fabric.call("setup", self, model, datamodule)
         if checkpoint is not None:
             self._load(checkpoint, model, datamodule)

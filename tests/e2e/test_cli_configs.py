@@ -1,0 +1,120 @@
+"""Every shipped YAML parses through the CLI; bad configs stop before any model is built."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mrl_lightning.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+SNIPPETS = sorted((REPO / "callbacks").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
+def test_every_config_parses_through_the_cli(config, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(config), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model"]["policies"], "no policies in the resolved config"
+
+
+@pytest.mark.parametrize("snippet", SNIPPETS, ids=lambda p: p.name)
+def test_every_callback_snippet_stacks_on_the_default(snippet, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(REPO / "configs" / "default.yaml"), "--config", str(snippet), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    printed = yaml.safe_load(capsys.readouterr().out)
+    wanted = [c["class_path"] for c in yaml.safe_load(snippet.read_text())["trainer"]["callbacks"]]
+    assert [c["class_path"] for c in printed["trainer"]["callbacks"]] == wanted
+
+
+def test_snippet_list_covers_every_probe():
+    assert {p.stem for p in SNIPPETS} >= {"none", "sgt", "prp", "xgrpo"}
+
+
+@pytest.fixture
+def no_model_build(monkeypatch):
+    """Fail loudly if anything tries to build or load a model."""
+    import transformers
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a model was built before the config was validated")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", boom)
+    monkeypatch.setattr("mrl_lightning.recipes.tiny.TinyCausalLM.materialize", boom)
+
+
+def _policy_args(cfg, index=0):
+    return cfg["model"]["policies"][index]["init_args"]
+
+
+def test_unknown_callback_class_path_is_a_clear_error(write_config, no_model_build, capsys):
+    config = write_config(modify=lambda c: c["trainer"].update(
+        callbacks=[{"class_path": "mrl_lightning.callbacks.NoSuchProbe"}]))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(config)])
+    assert exit_info.value.code == 2
+    assert "NoSuchProbe" in capsys.readouterr().err
+
+
+def test_missing_tokenizer_folder_is_a_clear_error(write_config, no_model_build, capsys, tmp_path):
+    missing = str(tmp_path / "no_such_tokenizer")
+    config = write_config(modify=lambda c: _policy_args(c).update(tokenizer=missing))
+    assert main(["fit", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert missing in err and "not an existing folder" in err and "gpt2" in err
+
+
+def test_num_generations_below_two_is_a_clear_error(write_config, no_model_build, capsys):
+    config = write_config(modify=lambda c: _policy_args(c, 1).update(num_generations=1))
+    assert main(["fit", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "num_generations=1" in err and "llama" in err and ">= 2" in err
+
+
+def test_tokenizer_without_pad_token_is_a_clear_error(write_config, no_model_build, capsys, tmp_path):
+    from mrl_lightning.recipes.tokenizers import train_byte_level_bpe
+
+    folder = tmp_path / "nopad"
+    train_byte_level_bpe(["Calculate 1 + 2.", "Answer: 3"] * 20, 260, folder)
+    cfg_path = folder / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.pop("pad_token", None)
+    cfg_path.write_text(json.dumps(cfg))
+    special = folder / "special_tokens_map.json"
+    if special.exists():
+        data = json.loads(special.read_text())
+        data.pop("pad_token", None)
+        special.write_text(json.dumps(data))
+    config = write_config(modify=lambda c: _policy_args(c).update(tokenizer=str(folder)))
+    assert main(["fit", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "no pad token" in err and "pad_token:" in err
+
+
+def test_several_problems_are_reported_at_once(write_config, no_model_build, capsys):
+    def modify(c):
+        _policy_args(c).update(num_generations=1, loss_type="ppo", temperature=0.0)
+
+    assert main(["fit", "--config", str(write_config(modify=modify))]) == 2
+    err = capsys.readouterr().err
+    assert "num_generations=1" in err and "loss_type='ppo'" in err and "temperature=0.0" in err
+
+
+def test_sgt_without_exchange_is_a_clear_error(write_config, capsys):
+    config = write_config(callbacks=[{"class_path": "mrl_lightning.callbacks.SuccessGatedTransfer"}])
+    assert main(["fit", "--config", str(config)]) == 2
+    assert "SharedExperienceExchange" in capsys.readouterr().err
+
+
+def test_default_config_uses_the_sgt_snippet_callbacks_verbatim():
+    """default.yaml's probe settings and callbacks/sgt.yaml must not drift apart."""
+    default = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())["trainer"]["callbacks"]
+    sgt = yaml.safe_load((REPO / "callbacks" / "sgt.yaml").read_text())["trainer"]["callbacks"]
+    assert default == sgt
