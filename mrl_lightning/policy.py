@@ -13,8 +13,6 @@ positions only (``logits_to_keep``), since the vocabulary dominates cost on a CP
 
 from __future__ import annotations
 
-from mrl_lightning.errors import ConfigError
-
 import os
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
+from mrl_lightning.errors import ConfigError
 from mrl_lightning.objectives.grpo import LOSS_TYPES, SCALE_REWARDS
 from mrl_lightning.recipes.tiny import TinyCausalLM
 
@@ -196,7 +195,7 @@ class PolicyModule(pl.LightningModule):
         Raises:
             ValueError: tokenizer without a pad or EOS token.
         """
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         source = self.model_source
         if isinstance(source, TinyCausalLM):

@@ -8,12 +8,11 @@ are the same for every policy; ``success`` comes only from a *strict* verifier
 
 from __future__ import annotations
 
-from mrl_lightning.errors import ConfigError
-
 import lightning.pytorch as pl
 import torch
 
 from mrl_lightning.batch import ScoredRollouts
+from mrl_lightning.errors import ConfigError
 from mrl_lightning.objectives.grpo import combine_rewards
 from mrl_lightning.policy import PolicyModule
 from mrl_lightning.rewards import ReasoningGymAccuracy, RewardFunction

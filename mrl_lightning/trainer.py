@@ -15,8 +15,6 @@ TensorBoard events, ``checkpoints/step=<k>.ckpt`` and ``checkpoints/last.ckpt``.
 
 from __future__ import annotations
 
-from mrl_lightning.errors import ConfigError
-
 import os
 import time
 from collections import defaultdict
@@ -29,7 +27,13 @@ from lightning.fabric.loggers import TensorBoardLogger
 
 from mrl_lightning.batch import TrainBatch
 from mrl_lightning.callbacks.base import MRLCallback
-from mrl_lightning.checkpoint import atomic_save, load_checkpoint, rng_state, set_rng_state
+from mrl_lightning.checkpoint import (
+    atomic_save,
+    load_checkpoint,
+    rng_state,
+    set_rng_state,
+)
+from mrl_lightning.errors import ConfigError
 from mrl_lightning.mwra import build_plan, format_plan, validate_plan
 from mrl_lightning.objectives.grpo import group_advantages
 from mrl_lightning.policy import policy_update

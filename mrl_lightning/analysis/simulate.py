@@ -26,11 +26,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from mrl_lightning.analysis.bandit import (
-    FAMILIES, BanditProblem, corrupt, expected_reward, gather_last, half_means, log_softmax,
-    make_problem, sample_actions, softmax,
+    FAMILIES,
+    BanditProblem,
+    corrupt,
+    expected_reward,
+    gather_last,
+    half_means,
+    log_softmax,
+    make_problem,
+    sample_actions,
+    softmax,
 )
 from mrl_lightning.analysis.config import BanditConfig, ProbeSpec
-from mrl_lightning.analysis.updates import grpo_update, prp_update, sgt_update, xgrpo_update
+from mrl_lightning.analysis.updates import (
+    grpo_update,
+    prp_update,
+    sgt_update,
+    xgrpo_update,
+)
 
 _LOWER_TOL = 1e-12  # an expected-reward change below -tol counts as "lowered"
 _MC_CHUNK = 500

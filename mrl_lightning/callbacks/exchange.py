@@ -15,7 +15,12 @@ from typing import Any
 import torch
 
 from mrl_lightning.callbacks.base import MRLCallback
-from mrl_lightning.exchange import ExperienceExchange, GroupStatsRecord, RolloutRecord, SuccessRecord
+from mrl_lightning.exchange import (
+    ExperienceExchange,
+    GroupStatsRecord,
+    RolloutRecord,
+    SuccessRecord,
+)
 from mrl_lightning.thl import token_bytes, tokenizer_fingerprint
 
 RECORD_NAMES = ("rollout", "group_stats", "success")

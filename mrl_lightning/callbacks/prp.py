@@ -45,7 +45,13 @@ from mrl_lightning.callbacks.xgrpo import advantage_probe_note
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.exchange import RolloutRecord
 from mrl_lightning.objectives.grpo import group_advantages
-from mrl_lightning.probes.prp import IS_LEVELS, IS_MODES, prp_pooled_advantages, prp_token_losses, prp_weight_metrics
+from mrl_lightning.probes.prp import (
+    IS_LEVELS,
+    IS_MODES,
+    prp_pooled_advantages,
+    prp_token_losses,
+    prp_weight_metrics,
+)
 from mrl_lightning.rollout.hf_generate import left_pad
 from mrl_lightning.thl import residual_metrics, transfer_trace
 

@@ -13,13 +13,12 @@ then solved on-policy), ``retokenize_failures``.
 
 from __future__ import annotations
 
-from mrl_lightning.errors import ConfigError
-
 from typing import Any
 
 import torch
 
 from mrl_lightning.callbacks.base import MRLCallback
+from mrl_lightning.errors import ConfigError
 from mrl_lightning.exchange import SuccessRecord
 from mrl_lightning.probes.sgt import pad_demos, rescue_set, sgt_loss
 from mrl_lightning.thl import retokenize

@@ -1,5 +1,9 @@
 """Prompt data modules and tasks."""
 
-from mrl_lightning.data.reasoning_gym import PromptItem, ReasoningGymDataModule, TaskPart
+from mrl_lightning.data.reasoning_gym import (
+    PromptItem,
+    ReasoningGymDataModule,
+    TaskPart,
+)
 
 __all__ = ["PromptItem", "ReasoningGymDataModule", "TaskPart"]

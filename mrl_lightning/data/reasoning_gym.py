@@ -14,14 +14,14 @@ question also appears in the evaluation set is dropped, so evaluation is held ou
 
 from __future__ import annotations
 
-from mrl_lightning.errors import ConfigError
-
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
+
+from mrl_lightning.errors import ConfigError
 
 
 @dataclass

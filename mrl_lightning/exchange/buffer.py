@@ -22,7 +22,6 @@ receiver's last poll). Rules:
 from __future__ import annotations
 
 import dataclasses
-import math
 import threading
 from typing import Any, Iterable, TypeVar
 

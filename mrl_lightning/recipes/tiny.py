@@ -21,8 +21,6 @@ Budgets are in steps, not wall-clock, so a busy machine changes the time, not th
 
 from __future__ import annotations
 
-from mrl_lightning.errors import ConfigError
-
 import hashlib
 import json
 import os
@@ -34,6 +32,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+
+from mrl_lightning.errors import ConfigError
 
 FAMILIES = ("gpt2", "llama")
 
@@ -175,7 +175,12 @@ class TinyCausalLM:
         (out / "warm_start.json").write_text(json.dumps(report, indent=2))
 
     def _model(self, tokenizer):
-        from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+        from transformers import (
+            GPT2Config,
+            GPT2LMHeadModel,
+            LlamaConfig,
+            LlamaForCausalLM,
+        )
 
         ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                    pad_token_id=tokenizer.pad_token_id)

@@ -23,7 +23,15 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import (
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    trainers,
+)
 from transformers import PreTrainedTokenizerFast
 
 TOKENIZER_KINDS = ("byte_level_bpe", "sentencepiece_bpe", "char_level")

@@ -6,9 +6,18 @@ and measure what the mapping could not keep exact. ``mrl thl`` is :func:`.cli.ma
 """
 
 from mrl_lightning.thl.align import Alignment, align_bytes, align_lengths, align_offsets
-from mrl_lightning.thl.loader import fix_leading_space, leading_space_failures, load_tokenizer
+from mrl_lightning.thl.loader import (
+    fix_leading_space,
+    leading_space_failures,
+    load_tokenizer,
+)
 from mrl_lightning.thl.residual import residual_metrics
-from mrl_lightning.thl.retokenize import Retokenized, encode_completion, retokenize, tokenizer_fingerprint
+from mrl_lightning.thl.retokenize import (
+    Retokenized,
+    encode_completion,
+    retokenize,
+    tokenizer_fingerprint,
+)
 from mrl_lightning.thl.token_bytes import byte_table, decode_completion, token_bytes
 from mrl_lightning.thl.trace import (
     MappedTrace,

@@ -144,7 +144,9 @@ def _convert_mistral(name: str, out_dir: Path) -> None:
     source = mistral_data_dir() / MISTRAL_FILES[name]
     with tempfile.TemporaryDirectory() as tmp:
         if name == "tekken":
-            from transformers.integrations.mistral.tokenizer import convert_tekken_tokenizer
+            from transformers.integrations.mistral.tokenizer import (
+                convert_tekken_tokenizer,
+            )
 
             tok = convert_tekken_tokenizer(str(source))
         else:

@@ -41,7 +41,12 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from mrl_lightning.thl.token_bytes import _CACHE_ATTR as _TABLE_ATTR
-from mrl_lightning.thl.token_bytes import ByteTable, _walk, backend_spec, build_byte_table
+from mrl_lightning.thl.token_bytes import (
+    ByteTable,
+    _walk,
+    backend_spec,
+    build_byte_table,
+)
 
 _STATE_ATTR = "_mrl_thl_retok_state"
 _ESCAPED = re.compile("[\udc80-\udcff]+")
