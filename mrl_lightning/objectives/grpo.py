@@ -201,7 +201,6 @@ def grpo_loss(
         raise ValueError("loss_type='dr_grpo' needs max_completion_length.")
     eps_high = epsilon if epsilon_high is None else epsilon_high
     adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
-    mask = completion_mask.to(logp.dtype)
 
     ratio = torch.exp(logp - old_logp)
     clipped_ratio = torch.clamp(ratio, 1.0 - epsilon, 1.0 + eps_high)
@@ -211,19 +210,49 @@ def grpo_loss(
         kl = k3_kl(logp, ref_logp)
         per_token = per_token + beta * kl
 
-    n_seq = logp.shape[0] if num_sequences is None else num_sequences
-    if loss_type == "grpo":
-        seq_len = mask.sum(dim=1).clamp(min=1.0)
-        loss = ((per_token * mask).sum(dim=1) / seq_len).sum() / max(n_seq, 1)
-    elif loss_type in ("bnpo", "dapo"):
-        n_tok = mask.sum() if num_tokens is None else torch.as_tensor(num_tokens, dtype=logp.dtype)
-        loss = (per_token * mask).sum() / torch.clamp(n_tok, min=1.0)
-    else:
-        loss = (per_token * mask).sum() / (max(n_seq, 1) * max_completion_length)
+    loss = aggregate_loss(per_token, completion_mask, loss_type, max_completion_length, num_sequences, num_tokens)
 
     is_low = (ratio < 1.0 - epsilon) & (adv < 0)
     is_high = (ratio > 1.0 + eps_high) & (adv > 0)
     return PolicyLossOutput(loss, per_token, ratio, kl, is_low & completion_mask, is_high & completion_mask)
+
+
+def aggregate_loss(
+    per_token: Tensor,
+    completion_mask: Tensor,
+    loss_type: str,
+    max_completion_length: int | None = None,
+    num_sequences: int | None = None,
+    num_tokens: float | None = None,
+) -> Tensor:
+    """Reduce ``[N, L]`` per-token losses to a scalar by ``loss_type`` (SPEC 2; TRL names).
+
+    ``grpo``: per-sequence mean over counted tokens, summed, / ``num_sequences``;
+    ``bnpo`` / ``dapo``: sum / ``num_tokens``; ``dr_grpo``: sum / (``num_sequences`` *
+    ``max_completion_length``, default L). Normalizers default to this batch's own counts.
+
+    Args:
+        per_token: ``[N, L]`` float32.
+        completion_mask: ``[N, L]`` bool, True = counted.
+        loss_type: "grpo", "bnpo", "dr_grpo" or "dapo".
+        max_completion_length: dr_grpo's length normalizer.
+        num_sequences: Sequence normalizer (grpo, dr_grpo).
+        num_tokens: Token normalizer (bnpo, dapo).
+
+    Raises:
+        ValueError: unknown ``loss_type``.
+    """
+    _check_choice("loss_type", loss_type, LOSS_TYPES)
+    mask = completion_mask.to(per_token.dtype)
+    n_seq = per_token.shape[0] if num_sequences is None else num_sequences
+    if loss_type == "grpo":
+        seq_len = mask.sum(dim=1).clamp(min=1.0)
+        return ((per_token * mask).sum(dim=1) / seq_len).sum() / max(n_seq, 1)
+    if loss_type in ("bnpo", "dapo"):
+        n_tok = mask.sum() if num_tokens is None else torch.as_tensor(num_tokens, dtype=per_token.dtype)
+        return (per_token * mask).sum() / torch.clamp(n_tok, min=1.0)
+    length = per_token.shape[1] if max_completion_length is None else max_completion_length
+    return (per_token * mask).sum() / (max(n_seq, 1) * length)
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:

@@ -35,10 +35,12 @@ import math
 import torch
 from torch import Tensor
 
+from mrl_lightning.objectives.grpo import aggregate_loss
+
 IS_MODES = ("truncate", "clip", "none")
 IS_LEVELS = ("token", "sequence")
 SCALE_REWARDS = ("group", "batch", "none")
-LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")
+
 
 
 def _check_weights_args(
@@ -239,6 +241,9 @@ def aggregate_token_losses(
 ) -> Tensor:
     """Reduce ``[M, L]`` token losses to a scalar as SPEC 2 ``loss_type`` (TRL's names).
 
+    Thin wrapper over :func:`mrl_lightning.objectives.grpo.aggregate_loss` with this batch's
+    own normalizers.
+
     ``grpo``: mean over each sequence's counted tokens, then over sequences (sequences with
     no counted token contribute 0); ``bnpo``/``dapo``: sum / counted tokens; ``dr_grpo``:
     sum / (M * max_completion_length, default L).
@@ -246,15 +251,7 @@ def aggregate_token_losses(
     Raises:
         ValueError: unknown ``loss_type``.
     """
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"loss_type={loss_type!r} is not valid; valid: {list(LOSS_TYPES)}")
-    m = mask.to(token_losses.dtype)
-    if loss_type == "grpo":
-        return ((token_losses * m).sum(1) / m.sum(1).clamp_min(1)).mean()
-    if loss_type in ("bnpo", "dapo"):
-        return (token_losses * m).sum() / m.sum().clamp_min(1)
-    length = token_losses.shape[1] if max_completion_length is None else max_completion_length
-    return (token_losses * m).sum() / (token_losses.shape[0] * length)
+    return aggregate_loss(token_losses, mask, loss_type, max_completion_length)
 
 
 def prp_surrogate_loss(
