@@ -7,3 +7,7 @@ from mrl_lightning.data.reasoning_gym import (
 )
 
 __all__ = ["PromptItem", "ReasoningGymDataModule", "TaskPart"]
+
+from mrl_lightning.data.math_datasets import MathDataModule, MathPart  # noqa: E402
+
+__all__ += ["MathDataModule", "MathPart"]
