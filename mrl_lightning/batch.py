@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from torch import Tensor
 
-from mrl_lightning.data.reasoning_gym import PromptItem
+from mrl_lightning.data.items import PromptItem
 from mrl_lightning.rollout.hf_generate import RolloutBatch
 
 if TYPE_CHECKING:

@@ -16,19 +16,19 @@ import sys
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from mrl_lightning.data.reasoning_gym import ReasoningGymDataModule
+from mrl_lightning.data.stream import PromptDataModule
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.system import MutualRL
 from mrl_lightning.trainer import MRLTrainer
 
 
 class MRLCLI(LightningCLI):
-    """LightningCLI wired to MutualRL, a data module (``class_path``) and MRLTrainer."""
+    """LightningCLI wired to MutualRL, a PromptDataModule subclass (``class_path``) and MRLTrainer."""
 
     def __init__(self, args=None, run: bool = True) -> None:
         super().__init__(
             model_class=MutualRL,
-            datamodule_class=ReasoningGymDataModule,
+            datamodule_class=PromptDataModule,
             trainer_class=MRLTrainer,
             save_config_callback=None,
             subclass_mode_data=True,
@@ -48,7 +48,7 @@ class MRLCLI(LightningCLI):
         # MRLTrainer owns a Fabric; it is added without Trainer's assumptions.
         parser.add_class_arguments(MRLTrainer, "trainer", fail_untyped=False, instantiate=False, sub_configs=True)
         parser.add_lightning_class_args(MutualRL, "model")
-        parser.add_lightning_class_args(ReasoningGymDataModule, "data", subclass_mode=True)
+        parser.add_lightning_class_args(PromptDataModule, "data", subclass_mode=True)
 
     def before_fit(self) -> None:
         """Hand the resolved config to the trainer, which saves it in the run folder."""

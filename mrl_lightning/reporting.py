@@ -37,27 +37,38 @@ def rollout_metrics(scored, policy) -> dict[str, float]:
     return out
 
 
-def eval_metrics(system, eval_items: dict[str, list], num_samples: int) -> tuple[dict[str, float], dict[str, str]]:
-    """Greedy success per policy and part, plus weak/strong averages and sample tables."""
+def eval_metrics(
+    system, eval_items: dict[str, list], num_samples: int, eval_num_generations: int = 0, seed: int = 0
+) -> tuple[dict[str, float], dict[str, str]]:
+    """Evaluation scalars per policy and part, weak/strong averages, and sample tables.
+
+    ``eval/<p>/greedy_success_<part>``: greedy decoding. With ``eval_num_generations`` k > 0,
+    ``eval/<p>/success_<part>`` is the mean success of k sampled completions per held-out
+    prompt (the expected reward GRPO optimizes); otherwise it equals the greedy number.
+    ``success_strong`` / ``success_weak`` (and the ``greedy_`` ones) average the parts the
+    policy started strong / weak at.
+    """
     metrics: dict[str, float] = {}
     samples: dict[str, str] = {}
     for name, policy in system.policies.items():
         rows = ["| part | prompt | completion | correct |", "|---|---|---|---|"]
-        per_part = {}
+        greedy, sampled = {}, {}
         for part, items in eval_items.items():
-            rate, texts = system.greedy_success(policy, items)
-            per_part[part] = rate
-            metrics[f"eval/{name}/success_{part}"] = rate
+            greedy[part], texts = system.greedy_success(policy, items)
+            sampled[part] = (system.sampled_success(policy, items, eval_num_generations, seed)
+                             if eval_num_generations > 0 else greedy[part])
             _, _, ok = system.score(texts[:num_samples], items[:num_samples])
             for item, text, good in zip(items[:num_samples], texts, ok.tolist()):
                 prompt = policy.render_prompt(item).replace("\n", "\\n").replace("|", "\\|")
                 rows.append(f"| {part} | {prompt} | {text!r} | {good} |")
-        strong = [p for p in (policy.strong_parts or []) if p in per_part]
-        weak = [p for p in per_part if p not in strong]
-        if strong:
-            metrics[f"eval/{name}/success_strong"] = sum(per_part[p] for p in strong) / len(strong)
-        if strong and weak:
-            metrics[f"eval/{name}/success_weak"] = sum(per_part[p] for p in weak) / len(weak)
+        strong = [p for p in (policy.strong_parts or []) if p in greedy]
+        weak = [p for p in greedy if p not in strong]
+        for prefix, values in (("success", sampled), ("greedy_success", greedy)):
+            for part, value in values.items():
+                metrics[f"eval/{name}/{prefix}_{part}"] = value
+            if strong:
+                metrics[f"eval/{name}/{prefix}_strong"] = sum(values[p] for p in strong) / len(strong)
+            if strong and weak:
+                metrics[f"eval/{name}/{prefix}_weak"] = sum(values[p] for p in weak) / len(weak)
         samples[name] = "\n".join(rows)
     return metrics, samples
-

@@ -57,6 +57,9 @@ class MRLTrainer:
         checkpoint_every_n_steps: Checkpoint period (also at the end); 0 = only at the end.
         keep_checkpoints: How many ``step=*.ckpt`` files to keep (``last.ckpt`` always).
         num_sample_completions: Sample completions per policy logged as text at each eval.
+        eval_num_generations: k sampled completions per held-out prompt for
+            ``eval/<p>/success_*`` (mean success); 0 = greedy only. Greedy success is always
+            logged as ``eval/<p>/greedy_success_*``.
         enable_progress_bar: Show a progress display on the console.
         num_threads: ``torch.set_num_threads`` for the run; None leaves torch's default.
         version: Run folder name suffix; None = next free ``version_<n>``.
@@ -79,6 +82,7 @@ class MRLTrainer:
         checkpoint_every_n_steps: int = 500,
         keep_checkpoints: int = 2,
         num_sample_completions: int = 4,
+        eval_num_generations: int = 8,
         enable_progress_bar: bool = True,
         num_threads: int | None = None,
         version: int | str | None = None,
@@ -88,6 +92,8 @@ class MRLTrainer:
                            ("eval_every_n_steps", eval_every_n_steps), ("keep_checkpoints", keep_checkpoints)):
             if value < 1:
                 errors.append(f"trainer.{key}={value} must be >= 1.")
+        if eval_num_generations < 0:
+            errors.append(f"trainer.eval_num_generations={eval_num_generations} must be >= 0 (0 = greedy only).")
         if checkpoint_every_n_steps < 0:
             errors.append(f"trainer.checkpoint_every_n_steps={checkpoint_every_n_steps} must be >= 0.")
         if num_threads is not None and num_threads < 1:
@@ -99,6 +105,7 @@ class MRLTrainer:
         self.log_every_n_steps, self.eval_every_n_steps = log_every_n_steps, eval_every_n_steps
         self.checkpoint_every_n_steps, self.keep_checkpoints = checkpoint_every_n_steps, keep_checkpoints
         self.num_sample_completions, self.enable_progress_bar = num_sample_completions, enable_progress_bar
+        self.eval_num_generations = eval_num_generations
         self.num_threads = num_threads
         self.default_root_dir = default_root_dir
         self.precision = precision
@@ -216,7 +223,8 @@ class MRLTrainer:
         return metrics
 
     def _evaluate(self, model, datamodule) -> None:
-        metrics, samples = eval_metrics(model, datamodule.eval_items(), self.num_sample_completions)
+        metrics, samples = eval_metrics(model, datamodule.eval_items(), self.num_sample_completions,
+                                        self.eval_num_generations, seed=self.global_step)
         self.last_eval = metrics
         self.fabric.call("on_eval_end", self, model, metrics)
         self.fabric.log_dict(metrics, step=self.global_step)
@@ -224,7 +232,7 @@ class MRLTrainer:
             for name, text in samples.items():
                 self.logger.experiment.add_text(f"samples/{name}", text, global_step=self.global_step)
         summary = "  ".join(f"{k.split('/', 1)[1]}={v:.2f}" for k, v in metrics.items()
-                            if k.endswith(("success_weak", "success_strong")))
+                            if k.endswith(("/success_weak", "/success_strong", "greedy_success_weak")))
         self.print(f"[eval] step {self.global_step}: {summary}")
 
     # ---------------------------------------------------------------- checkpoints

@@ -1,13 +1,8 @@
 """Prompt data modules and tasks."""
 
-from mrl_lightning.data.reasoning_gym import (
-    PromptItem,
-    ReasoningGymDataModule,
-    TaskPart,
-)
+from mrl_lightning.data.items import PromptItem
+from mrl_lightning.data.math_datasets import MathDataModule, MathPart
+from mrl_lightning.data.reasoning_gym import ReasoningGymDataModule, TaskPart
+from mrl_lightning.data.stream import PromptDataModule
 
-__all__ = ["PromptItem", "ReasoningGymDataModule", "TaskPart"]
-
-from mrl_lightning.data.math_datasets import MathDataModule, MathPart  # noqa: E402
-
-__all__ += ["MathDataModule", "MathPart"]
+__all__ = ["MathDataModule", "MathPart", "PromptDataModule", "PromptItem", "ReasoningGymDataModule", "TaskPart"]

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
 import numpy as np
 
-from mrl_lightning.data.reasoning_gym import PromptItem, _seed_for
+from mrl_lightning.data.items import PromptItem
+from mrl_lightning.data.stream import PromptDataModule, seed_for
 from mrl_lightning.errors import ConfigError
 
 LOCAL_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
@@ -79,6 +79,7 @@ class MathPart:
 
     @property
     def local_path(self) -> Path:
+        """``path`` with ``~`` expanded (relative paths stay relative to the working directory)."""
         return Path(self.path).expanduser()
 
 
@@ -107,7 +108,7 @@ def _part_errors(part: MathPart) -> list[str]:
     return errors
 
 
-class MathDataModule(pl.LightningDataModule):
+class MathDataModule(PromptDataModule):
     """Prompts from math datasets with reference answers (verified by math-verify).
 
     Args:
@@ -121,7 +122,7 @@ class MathDataModule(pl.LightningDataModule):
     """
 
     def __init__(self, parts: list[MathPart], batch_size: int = 16, seed: int = 0) -> None:
-        super().__init__()
+        super().__init__(batch_size, seed)
         parts = [p if isinstance(p, MathPart) else MathPart(**p) for p in parts]
         errors = []
         if not parts:
@@ -138,14 +139,7 @@ class MathDataModule(pl.LightningDataModule):
         if errors:
             raise ConfigError("Invalid data config:\n  - " + "\n  - ".join(errors))
         self.parts = parts
-        self.batch_size = batch_size
-        self.seed = seed
         self.dropped: dict[str, int] = {}
-        self._train: dict[str, list[PromptItem]] = {}
-        self._eval: dict[str, list[PromptItem]] = {}
-        self._position = {p.name: {"epoch": 0, "cursor": 0} for p in parts}
-        self._order: dict[str, np.ndarray] = {}
-        self._order_key: dict[str, tuple] = {}
 
     # ------------------------------------------------------------------ loading
     def _load_rows(self, part: MathPart):
@@ -157,12 +151,13 @@ class MathDataModule(pl.LightningDataModule):
         try:
             import datasets
         except ImportError as exc:
-            raise ConfigError("MathDataModule needs the `datasets` package: pip install 'mrl-lightning[math]'.") from exc
+            raise ConfigError("MathDataModule needs the `datasets` package: "
+                              "pip install 'mrl-lightning[math]'.") from exc
         if part.is_local:
             return datasets.load_dataset("json", data_files={part.split: str(part.local_path)}, split=part.split)
         try:
             return datasets.load_dataset(part.path, part.config_name, split=part.split)
-        except Exception as exc:  # noqa: BLE001 - reported as a config error with its cause
+        except Exception as exc:  # reported as a config error with its cause
             raise ConfigError(
                 f"data.parts[{part.name}]: hub dataset path={part.path!r} config_name={part.config_name!r} "
                 f"split={part.split!r} could not be loaded ({type(exc).__name__}: {exc}). Without hub access, "
@@ -218,60 +213,13 @@ class MathDataModule(pl.LightningDataModule):
             if part.eval_size >= len(items):
                 raise ConfigError(f"data.parts[{part.name}].eval_size={part.eval_size} leaves no training row "
                                   f"({len(items)} usable rows); lower eval_size.")
-            order = np.random.default_rng(_seed_for(self.seed, part.name, "eval")).permutation(len(items))
+            order = np.random.default_rng(seed_for(self.seed, part.name, "eval")).permutation(len(items))
             held = set(order[:part.eval_size].tolist())
             evals = [x for i, x in enumerate(items) if i in held]
             questions = {x.question for x in evals}
             train = [x for i, x in enumerate(items) if i not in held and x.question not in questions]
             eval_all[part.name], train_all[part.name] = evals, train
         self._eval, self._train = eval_all, train_all
-
-    # ------------------------------------------------------------------ stream
-    def _split(self) -> dict[str, int]:
-        """Prompts per part in one batch: floor(B * w / sum w), the rest to the largest weights."""
-        total = sum(p.weight for p in self.parts)
-        counts = {p.name: int(self.batch_size * p.weight / total) for p in self.parts}
-        rest = self.batch_size - sum(counts.values())
-        for p in sorted(self.parts, key=lambda p: -p.weight)[:rest]:
-            counts[p.name] += 1
-        return counts
-
-    def _permutation(self, part: str, epoch: int) -> np.ndarray:
-        if self._order_key.get(part) != (part, epoch):
-            rng = np.random.default_rng(_seed_for(self.seed, part, "epoch", epoch))
-            self._order[part] = rng.permutation(len(self._train[part]))
-            self._order_key[part] = (part, epoch)
-        return self._order[part]
-
-    def next_batch(self) -> list[PromptItem]:
-        """The next B prompts of the training stream (advances the data position)."""
-        self.setup()
-        out: list[PromptItem] = []
-        for name, count in self._split().items():
-            pos = self._position[name]
-            for _ in range(count):
-                order = self._permutation(name, pos["epoch"])
-                out.append(self._train[name][int(order[pos["cursor"]])])
-                pos["cursor"] += 1
-                if pos["cursor"] >= len(order):
-                    pos["epoch"], pos["cursor"] = pos["epoch"] + 1, 0
-        return out
-
-    def eval_items(self) -> dict[str, list[PromptItem]]:
-        """Held-out evaluation prompts by part name (parts with ``eval_size=0`` are left out)."""
-        self.setup()
-        return {name: items for name, items in self._eval.items() if items}
-
-    def train_items(self, part: str) -> list[PromptItem]:
-        """All training prompts of one part, in file order.
-
-        Raises:
-            KeyError: unknown part name (lists the valid ones).
-        """
-        self.setup()
-        if part not in self._train:
-            raise KeyError(f"part {part!r} is unknown; valid: {sorted(self._train)}")
-        return self._train[part]
 
     # ------------------------------------------------------------------ identity and resume
     def fingerprint(self) -> str:
@@ -283,18 +231,3 @@ class MathDataModule(pl.LightningDataModule):
             if p.is_local and p.local_path.is_file():
                 h.update(hashlib.sha256(p.local_path.read_bytes()).digest())
         return h.hexdigest()[:12]
-
-    def state_dict(self) -> dict[str, Any]:
-        """Data position per part (epoch and cursor)."""
-        return {"position": {k: dict(v) for k, v in self._position.items()}}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore the data position.
-
-        Raises:
-            ValueError: the checkpoint's parts differ from this config's parts.
-        """
-        pos = state_dict["position"]
-        if set(pos) != set(self._position):
-            raise ValueError(f"checkpoint data parts {sorted(pos)} differ from config parts {sorted(self._position)}.")
-        self._position = {k: {"epoch": int(v["epoch"]), "cursor": int(v["cursor"])} for k, v in pos.items()}

@@ -18,9 +18,8 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-import lightning.pytorch as pl
-import numpy as np
-
+from mrl_lightning.data.items import PromptItem
+from mrl_lightning.data.stream import PromptDataModule, seed_for
 from mrl_lightning.errors import ConfigError
 
 
@@ -41,31 +40,7 @@ class TaskPart:
     weight: float = 1.0
 
 
-@dataclass
-class PromptItem:
-    """One prompt as every policy sees it (before its own template).
-
-    Attributes:
-        prompt_id: Stable id ``"<part>/<index>"``.
-        question: Task text.
-        answer: Reference answer text.
-        part: Name of the task part.
-        entry: The reasoning-gym entry (for its verifier).
-    """
-
-    prompt_id: str
-    question: str
-    answer: str
-    part: str
-    entry: dict[str, Any]
-
-
-def _seed_for(*keys: Any) -> int:
-    digest = hashlib.sha256("/".join(map(str, keys)).encode()).digest()
-    return int.from_bytes(digest[:4], "little")
-
-
-class ReasoningGymDataModule(pl.LightningDataModule):
+class ReasoningGymDataModule(PromptDataModule):
     """Procedural prompts with verifiers from reasoning-gym.
 
     Args:
@@ -88,7 +63,7 @@ class ReasoningGymDataModule(pl.LightningDataModule):
         eval_size: int = 64,
         seed: int = 0,
     ) -> None:
-        super().__init__()
+        super().__init__(batch_size, seed)
         import reasoning_gym
 
         errors = []
@@ -113,15 +88,8 @@ class ReasoningGymDataModule(pl.LightningDataModule):
         if errors:
             raise ConfigError("Invalid data config:\n  - " + "\n  - ".join(errors))
         self.parts = parts
-        self.batch_size = batch_size
         self.train_size = train_size
         self.eval_size = eval_size
-        self.seed = seed
-        self._train: dict[str, list[PromptItem]] = {}
-        self._eval: dict[str, list[PromptItem]] = {}
-        self._position = {p.name: {"epoch": 0, "cursor": 0} for p in parts}
-        self._order: dict[str, np.ndarray] = {}
-        self._order_key: dict[str, tuple] = {}
 
     # ------------------------------------------------------------------ building
     def _generate(self, part: TaskPart, seed: int, size: int, tag: str) -> list[PromptItem]:
@@ -138,10 +106,10 @@ class ReasoningGymDataModule(pl.LightningDataModule):
         if self._train:
             return
         for part in self.parts:
-            evals = self._generate(part, _seed_for(self.seed, part.name, "eval"), self.eval_size, "e")
+            evals = self._generate(part, seed_for(self.seed, part.name, "eval"), self.eval_size, "e")
             held = {e.question for e in evals}
             train = [
-                x for x in self._generate(part, _seed_for(self.seed, part.name, "train"), self.train_size, "")
+                x for x in self._generate(part, seed_for(self.seed, part.name, "train"), self.train_size, "")
                 if x.question not in held
             ]
             if not train:
@@ -149,68 +117,7 @@ class ReasoningGymDataModule(pl.LightningDataModule):
                                  "raise train_size or widen the generator config.")
             self._eval[part.name], self._train[part.name] = evals, train
 
-    def _split(self) -> dict[str, int]:
-        total = sum(p.weight for p in self.parts)
-        counts = {p.name: int(self.batch_size * p.weight / total) for p in self.parts}
-        rest = self.batch_size - sum(counts.values())
-        for p in sorted(self.parts, key=lambda p: -p.weight)[:rest]:
-            counts[p.name] += 1
-        return counts
-
-    def _permutation(self, part: str, epoch: int) -> np.ndarray:
-        key = (part, epoch)
-        if self._order_key.get(part) != key:
-            rng = np.random.default_rng(_seed_for(self.seed, part, "epoch", epoch))
-            self._order[part] = rng.permutation(len(self._train[part]))
-            self._order_key[part] = key
-        return self._order[part]
-
-    def next_batch(self) -> list[PromptItem]:
-        """The next B prompts of the training stream (advances the data position)."""
-        self.setup()
-        out: list[PromptItem] = []
-        for name, count in self._split().items():
-            pos = self._position[name]
-            for _ in range(count):
-                order = self._permutation(name, pos["epoch"])
-                out.append(self._train[name][int(order[pos["cursor"]])])
-                pos["cursor"] += 1
-                if pos["cursor"] >= len(order):
-                    pos["epoch"], pos["cursor"] = pos["epoch"] + 1, 0
-        return out
-
-    def eval_items(self) -> dict[str, list[PromptItem]]:
-        """Held-out evaluation prompts by part name."""
-        self.setup()
-        return self._eval
-
-    def train_items(self, part: str) -> list[PromptItem]:
-        """All training prompts of one part (used by warm-start recipes).
-
-        Raises:
-            KeyError: unknown part name (lists the valid ones).
-        """
-        self.setup()
-        if part not in self._train:
-            raise KeyError(f"part {part!r} is unknown; valid: {sorted(self._train)}")
-        return self._train[part]
-
     def fingerprint(self) -> str:
         """Short hash of everything that determines the generated prompts."""
         text = repr([(p.name, p.dataset, sorted(p.config.items()), p.weight) for p in self.parts])
         return hashlib.sha256(f"{text}|{self.train_size}|{self.eval_size}|{self.seed}".encode()).hexdigest()[:12]
-
-    def state_dict(self) -> dict[str, Any]:
-        """Data position per part (epoch and cursor)."""
-        return {"position": {k: dict(v) for k, v in self._position.items()}}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore the data position.
-
-        Raises:
-            ValueError: the checkpoint's parts differ from this config's parts.
-        """
-        pos = state_dict["position"]
-        if set(pos) != set(self._position):
-            raise ValueError(f"checkpoint data parts {sorted(pos)} differ from config parts {sorted(self._position)}.")
-        self._position = {k: {"epoch": int(v["epoch"]), "cursor": int(v["cursor"])} for k, v in pos.items()}

@@ -5,6 +5,6 @@ from mrl_lightning.rewards.reasoning_gym import ReasoningGymAccuracy, extract_an
 
 __all__ = ["ReasoningGymAccuracy", "RewardFunction", "extract_answer"]
 
-from mrl_lightning.rewards.math_verify import MathVerifyReward, extract_final_answer  # noqa: E402
+from mrl_lightning.rewards.math_verify import MathVerifyReward, extract_final_answer
 
 __all__ += ["MathVerifyReward", "extract_final_answer"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from mrl_lightning.data.reasoning_gym import PromptItem
+from mrl_lightning.data.items import PromptItem
 
 
 class RewardFunction(ABC):

@@ -21,14 +21,17 @@ Where it runs. math-verify bounds ``parse`` / ``verify`` with ``signal.alarm``, 
 only the main thread may use: in any other thread the default timeouts raise
 (FIELD_NOTES). Measured here (2 cores, 64 checks = 8 prompts x G 8): in-process 17-27 ms;
 a 2-worker process pool 16-32 ms per call once started, and 0.06-0.14 s to start with
-``fork``, about 2.5 s with ``spawn`` (each worker imports sympy, and under ``mrl`` also
-re-imports torch and lightning through ``__main__``). So ``executor="auto"`` (default)
+``fork`` (math-verify is imported in the parent first, so workers inherit sympy), about
+2.5 s with ``spawn`` from a bare script, and more under ``mrl``: a spawned worker re-runs
+``__main__``'s imports and unpickling ``score_pairs`` imports this package, i.e. torch and
+lightning (~10 s here). So ``executor="auto"`` (default)
 verifies in-process on the main thread, with the default timeouts, and in a process
 pool from any other thread; ``executor="process"`` always uses the pool. The pool is
 created on first use, reused, and started with ``fork`` where available: its workers
 run only math-verify, never CUDA or OpenMP, which is what makes forking a process that
-uses them acceptable. A broken or timed-out pool yields NaN for its prompts and is
-rebuilt on the next call.
+uses them acceptable (Python >= 3.12 warns about forking a threaded process; pass
+``start_method: spawn`` to avoid fork at the start-up cost above). A broken or timed-out
+pool yields NaN for its prompts and is rebuilt on the next call.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from importlib.metadata import version
 
-from mrl_lightning.data.reasoning_gym import PromptItem
+from mrl_lightning.data.items import PromptItem
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.rewards.base import RewardFunction
 
@@ -105,6 +108,9 @@ def score_pairs(pairs: list[tuple[str, str | None]]) -> list[float]:
 
     Returns:
         One float per pair: 1.0 equal, 0.0 not (or no answer), NaN reference unparseable.
+
+    Raises:
+        ValueError: called off a main thread (math-verify's ``signal.alarm`` timeouts).
     """
     from math_verify import parse, verify
 
@@ -162,7 +168,8 @@ class MathVerifyReward(RewardFunction):
         self.name = "math_verify"
         self.version = f"math-verify=={version('math-verify')};extract=boxed>answer-tag>hashes>last-number"
         self.strict = True
-        self.executor, self.max_workers, self.start_method, self.timeout_s = executor, max_workers, start_method, timeout_s
+        self.executor, self.max_workers = executor, max_workers
+        self.start_method, self.timeout_s = start_method, timeout_s
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
 
@@ -189,6 +196,8 @@ class MathVerifyReward(RewardFunction):
     def _get_pool(self) -> ProcessPoolExecutor:
         with self._lock:
             if self._pool is None:
+                import math_verify  # noqa: F401 - imported once here, inherited by forked workers
+
                 context = multiprocessing.get_context(self.start_method)
                 self._pool = ProcessPoolExecutor(self.max_workers, mp_context=context)
                 # shut down with this reward or at exit, before interpreter teardown

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from mrl_lightning.data.reasoning_gym import PromptItem
+from mrl_lightning.data.items import PromptItem
 from mrl_lightning.rewards.base import RewardFunction
 
 

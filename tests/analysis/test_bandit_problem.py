@@ -6,10 +6,19 @@ import numpy as np
 import pytest
 
 from mrl_lightning.analysis.bandit import (
-    corrupt, expected_reward, half_means, make_problem, sample_actions, softmax,
+    corrupt,
+    expected_reward,
+    half_means,
+    make_problem,
+    sample_actions,
+    softmax,
 )
 from mrl_lightning.analysis.config import BanditConfig, ProbeSpec
-from mrl_lightning.analysis.simulate import draw_samples, measure_update, stochastic_update
+from mrl_lightning.analysis.simulate import (
+    draw_samples,
+    measure_update,
+    stochastic_update,
+)
 
 
 def PROBE(name: str) -> ProbeSpec:

@@ -13,8 +13,14 @@ import numpy as np
 import pytest
 
 from mrl_lightning.analysis.updates import (
-    ADV_EPS, group_advantages, grpo_update, importance_weights, prp_update, score_direction,
-    sgt_update, xgrpo_update,
+    ADV_EPS,
+    group_advantages,
+    grpo_update,
+    importance_weights,
+    prp_update,
+    score_direction,
+    sgt_update,
+    xgrpo_update,
 )
 
 PI = np.array([[0.2, 0.8]])  # [N=1, K=2]

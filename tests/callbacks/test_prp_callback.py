@@ -13,8 +13,12 @@ import pytest
 import torch
 
 from mrl_lightning.batch import ScoredRollouts, TrainBatch
-from mrl_lightning.callbacks import MRLCallback, PeerRolloutPooling, SharedExperienceExchange
-from mrl_lightning.data.reasoning_gym import PromptItem
+from mrl_lightning.callbacks import (
+    MRLCallback,
+    PeerRolloutPooling,
+    SharedExperienceExchange,
+)
+from mrl_lightning.data.items import PromptItem
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.objectives.grpo import group_advantages
 from mrl_lightning.policy import PolicyModule, policy_update

@@ -56,7 +56,7 @@ def test_tensorboard_has_per_policy_and_probe_tags(write_config):
                     "rollout/{p}/success_rate_add", "rollout/{p}/zero_std_group_share", "train/{p}/loss",
                     "train/{p}/clip_ratio_low", "train/{p}/entropy_nats", "rollout/{p}/completion_length_tokens",
                     "rollout/{p}/truncated_share", "train/{p}/grad_norm", "eval/{p}/success_weak",
-                    "eval/{p}/success_strong", "probe/sgt/{p}/rescue_set_size", "probe/sgt/{p}/transfers"):
+                    "eval/{p}/success_strong", "eval/{p}/greedy_success_weak", "eval/{p}/greedy_success_add", "probe/sgt/{p}/rescue_set_size", "probe/sgt/{p}/transfers"):
             assert tag.format(p=policy) in tags, f"missing tag {tag.format(p=policy)}"
     assert "train/step_time_s" in tags and "exchange/records_published" in tags
     assert events.Tags()["tensors"] or events.Tags().get("text") is not None

@@ -16,7 +16,7 @@ import torch
 from mrl_lightning.batch import TrainBatch
 from mrl_lightning.callbacks.none import NoSharing
 from mrl_lightning.callbacks.sgt import SuccessGatedTransfer
-from mrl_lightning.data.reasoning_gym import PromptItem
+from mrl_lightning.data.items import PromptItem
 from mrl_lightning.exchange.buffer import ExperienceExchange
 from mrl_lightning.objectives.grpo import group_advantages
 

@@ -14,7 +14,7 @@ import torch
 
 from mrl_lightning.batch import TrainBatch
 from mrl_lightning.callbacks.sgt import SuccessGatedTransfer
-from mrl_lightning.data.reasoning_gym import PromptItem
+from mrl_lightning.data.items import PromptItem
 from mrl_lightning.exchange import SuccessRecord
 from mrl_lightning.exchange.buffer import ExperienceExchange
 from mrl_lightning.probes.sgt import pad_demos, rescue_set, sgt_loss

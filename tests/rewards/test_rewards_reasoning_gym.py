@@ -13,7 +13,7 @@ import math
 import pytest
 import reasoning_gym
 
-from mrl_lightning.data.reasoning_gym import PromptItem
+from mrl_lightning.data.items import PromptItem
 from mrl_lightning.rewards import ReasoningGymAccuracy, extract_answer
 
 ADD_CFG = dict(min_terms=2, max_terms=2, min_digits=2, max_digits=2, operators=["+"], allow_parentheses=False,

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from mrl_lightning.recipes.tokenizers import train_byte_level_bpe, train_char_level, train_sentencepiece_bpe
+from mrl_lightning.recipes.tokenizers import (
+    train_byte_level_bpe,
+    train_char_level,
+    train_sentencepiece_bpe,
+)
 from mrl_lightning.thl.loader import load_tokenizer
 
 CORPUS = [

@@ -6,7 +6,13 @@ import shutil
 
 import pytest
 
-from mrl_lightning.thl import byte_table, decode_completion, fix_leading_space, leading_space_failures, token_bytes
+from mrl_lightning.thl import (
+    byte_table,
+    decode_completion,
+    fix_leading_space,
+    leading_space_failures,
+    token_bytes,
+)
 from mrl_lightning.thl.loader import load_tokenizer, mistral_data_dir
 from mrl_lightning.thl.token_bytes import gpt2_byte_to_unicode
 

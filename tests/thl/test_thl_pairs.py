@@ -13,9 +13,15 @@ from itertools import accumulate
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from mrl_lightning.thl import align_bytes, encode_completion, map_logprobs, token_bytes, transfer_trace
 from thl_cases import FIXED_CASES
+
+from mrl_lightning.thl import (
+    align_bytes,
+    encode_completion,
+    map_logprobs,
+    token_bytes,
+    transfer_trace,
+)
 
 NAMES = ("mistral-v1", "mistral-v3", "tekken", "byte-bpe", "char")
 PAIRS = list(itertools.permutations(NAMES, 2))

@@ -10,7 +10,13 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from mrl_lightning.thl import MappedTrace, Retokenized, align_bytes, map_logprobs, residual_metrics
+from mrl_lightning.thl import (
+    MappedTrace,
+    Retokenized,
+    align_bytes,
+    map_logprobs,
+    residual_metrics,
+)
 from mrl_lightning.thl.cli import main
 
 REQUIRED = ("round_trip_failures", "boundary_agreement", "tokens_per_chunk", "logprob_mass_moved", "max_conservation_error")

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 from thl_cases import FIXED_CASES
 
-from mrl_lightning.thl import decode_completion, encode_completion, retokenize, token_bytes, tokenizer_fingerprint
+from mrl_lightning.thl import (
+    decode_completion,
+    encode_completion,
+    retokenize,
+    token_bytes,
+    tokenizer_fingerprint,
+)
 
 ALL = ("mistral-v1", "mistral-v3", "tekken", "byte-bpe", "char", "sp-bpe")
 PLAIN = [t for t in FIXED_CASES if "\ufffd" not in t and not any("\udc80" <= c <= "\udcff" for c in t)]

@@ -1,0 +1,120 @@
+"""PromptDataModule: the prompt stream every data module shares (SPEC 1 step 1).
+
+Subclasses fill ``self._train`` and ``self._eval`` (part name -> PromptItems) in
+``setup()``; this base turns them into the training stream. Each step yields
+``batch_size`` prompts split across parts by ``weight`` (floor of B * w / sum w, the
+rest to the largest weights). The data position is an (epoch, cursor) pair per part and
+each epoch's order is a permutation seeded by (seed, part, epoch), so
+``state_dict`` / ``load_state_dict`` resume the exact same stream.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+
+from mrl_lightning.data.items import PromptItem
+
+
+def seed_for(*keys: Any) -> int:
+    """A 32-bit seed derived from ``keys`` (stable across runs and machines)."""
+    digest = hashlib.sha256("/".join(map(str, keys)).encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+class PromptDataModule(pl.LightningDataModule):
+    """Base of prompt data modules: weighted batches, held-out eval, resumable position.
+
+    Subclasses set ``self.parts`` (objects with ``name`` and ``weight``), call
+    ``super().__init__(batch_size, seed)`` and implement ``setup`` and ``fingerprint``.
+
+    Args:
+        batch_size: Prompts per step, B.
+        seed: Seeds every permutation.
+    """
+
+    parts: list
+
+    def __init__(self, batch_size: int, seed: int) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+        self.seed = seed
+        self._train: dict[str, list[PromptItem]] = {}
+        self._eval: dict[str, list[PromptItem]] = {}
+        self._position: dict[str, dict[str, int]] = {}
+        self._order: dict[str, np.ndarray] = {}
+        self._order_key: dict[str, tuple] = {}
+
+    def _positions(self) -> dict[str, dict[str, int]]:
+        if not self._position:
+            self._position = {p.name: {"epoch": 0, "cursor": 0} for p in self.parts}
+        return self._position
+
+    def fingerprint(self) -> str:  # pragma: no cover - every subclass overrides
+        """Short hash of everything that determines the prompts."""
+        raise NotImplementedError
+
+    def _split(self) -> dict[str, int]:
+        total = sum(p.weight for p in self.parts)
+        counts = {p.name: int(self.batch_size * p.weight / total) for p in self.parts}
+        rest = self.batch_size - sum(counts.values())
+        for p in sorted(self.parts, key=lambda p: -p.weight)[:rest]:
+            counts[p.name] += 1
+        return counts
+
+    def _permutation(self, part: str, epoch: int) -> np.ndarray:
+        if self._order_key.get(part) != (part, epoch):
+            rng = np.random.default_rng(seed_for(self.seed, part, "epoch", epoch))
+            self._order[part] = rng.permutation(len(self._train[part]))
+            self._order_key[part] = (part, epoch)
+        return self._order[part]
+
+    def next_batch(self) -> list[PromptItem]:
+        """The next B prompts of the training stream (advances the data position)."""
+        self.setup()
+        out: list[PromptItem] = []
+        positions = self._positions()
+        for name, count in self._split().items():
+            pos = positions[name]
+            for _ in range(count):
+                order = self._permutation(name, pos["epoch"])
+                out.append(self._train[name][int(order[pos["cursor"]])])
+                pos["cursor"] += 1
+                if pos["cursor"] >= len(order):
+                    pos["epoch"], pos["cursor"] = pos["epoch"] + 1, 0
+        return out
+
+    def eval_items(self) -> dict[str, list[PromptItem]]:
+        """Held-out evaluation prompts by part name (parts without any are left out)."""
+        self.setup()
+        return {name: items for name, items in self._eval.items() if items}
+
+    def train_items(self, part: str) -> list[PromptItem]:
+        """All training prompts of one part.
+
+        Raises:
+            KeyError: unknown part name (lists the valid ones).
+        """
+        self.setup()
+        if part not in self._train:
+            raise KeyError(f"part {part!r} is unknown; valid: {sorted(self._train)}")
+        return self._train[part]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Data position per part (epoch and cursor)."""
+        return {"position": {k: dict(v) for k, v in self._positions().items()}}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the data position.
+
+        Raises:
+            ValueError: the checkpoint's parts differ from this config's parts.
+        """
+        pos = state_dict["position"]
+        if set(pos) != set(self._positions()):
+            raise ValueError(f"checkpoint data parts {sorted(pos)} differ from config parts "
+                             f"{sorted(self._positions())}.")
+        self._position = {k: {"epoch": int(v["epoch"]), "cursor": int(v["cursor"])} for k, v in pos.items()}
