@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from mrl_lightning.errors import ConfigError
+
 
 def atomic_save(obj: Any, path: str | Path) -> None:
     """``torch.save`` to ``path`` atomically (temp file + fsync + rename)."""
@@ -36,21 +38,50 @@ def atomic_save(obj: Any, path: str | Path) -> None:
         raise
 
 
+class CheckpointError(ConfigError):
+    """``--ckpt_path`` cannot be resumed from (missing, unreadable or from another config)."""
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load a checkpoint written by :func:`atomic_save` (weights-only).
 
     Raises:
-        FileNotFoundError: no file at ``path`` (says how to find checkpoints).
-        ValueError: the file is not an mrl-lightning checkpoint.
+        CheckpointError: no file at ``path``, a folder, a truncated / corrupted file, or a
+            file that is not an mrl-lightning checkpoint (each says how to fix it).
     """
     path = Path(path).expanduser()
+    hint = "Checkpoints are written to <run folder>/checkpoints/ (e.g. runs/default/version_0/checkpoints/last.ckpt)."
+    if path.is_dir():
+        raise CheckpointError(f"ckpt_path={str(path)!r} is a folder; give a .ckpt file in it. {hint}")
     if not path.is_file():
-        raise FileNotFoundError(f"ckpt_path={str(path)!r} does not exist. Checkpoints are written to "
-                                "<run folder>/checkpoints/ (e.g. runs/default/version_0/checkpoints/last.ckpt).")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+        raise CheckpointError(f"ckpt_path={str(path)!r} does not exist. {hint}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same advice
+        raise CheckpointError(
+            f"ckpt_path={str(path)!r} could not be read ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'empty or truncated file'}). "
+            "It is truncated, corrupted or not an mrl-lightning checkpoint; resume from another file in the same "
+            "checkpoints/ folder (step=<k>.ckpt or last.ckpt)."
+        ) from exc
     if not isinstance(state, dict) or state.get("format") != "mrl-lightning":
-        raise ValueError(f"ckpt_path={str(path)!r} is not an mrl-lightning checkpoint (no 'format' marker).")
+        raise CheckpointError(f"ckpt_path={str(path)!r} is not an mrl-lightning checkpoint (no 'format' marker). {hint}")
     return state
+
+
+def check_compatible(state: dict[str, Any], policy_names: list[str], max_steps: int) -> None:
+    """Cheap checks of a loaded checkpoint against the config, before any model is built.
+
+    Raises:
+        CheckpointError: policy names differ, or ``max_steps`` is not above the checkpoint's step.
+    """
+    saved = sorted(state["policies"])
+    if saved != sorted(policy_names):
+        raise CheckpointError(f"the checkpoint holds policies {saved} but model.policies names {sorted(policy_names)}; "
+                              "resume with the config the checkpoint was made with (its run folder's config.yaml).")
+    step = int(state["counters"]["global_step"])
+    if max_steps <= step:
+        raise CheckpointError(f"trainer.max_steps={max_steps} is not above the checkpoint's step {step}; "
+                              f"set --trainer.max_steps to more than {step} to continue training.")
 
 
 def rng_state() -> dict[str, Any]:

@@ -21,6 +21,16 @@ from mrl_lightning.errors import ConfigError
 from mrl_lightning.system import MutualRL
 from mrl_lightning.trainer import MRLTrainer
 
+USAGE = """usage: mrl {fit,thl,bandit} ...
+
+  mrl fit --config configs/default.yaml [--config callbacks/sgt.yaml] [--trainer.max_steps N] ...
+        train the policies (LightningCLI; `mrl fit --help` lists every option)
+  mrl thl --source TOKENIZER --target TOKENIZER [--text-file FILE]
+        THL alignment report between two tokenizers (`mrl thl --help`)
+  mrl bandit --out DIR
+        contextual-bandit analysis of the probes (`mrl bandit --help`)
+"""
+
 
 class MRLCLI(LightningCLI):
     """LightningCLI wired to MutualRL, a PromptDataModule subclass (``class_path``) and MRLTrainer."""
@@ -50,6 +60,15 @@ class MRLCLI(LightningCLI):
         parser.add_lightning_class_args(MutualRL, "model")
         parser.add_lightning_class_args(PromptDataModule, "data", subclass_mode=True)
 
+    def _parse_ckpt_path(self) -> None:
+        """Skip LightningCLI's hyper-parameter read of ``--ckpt_path``.
+
+        Our checkpoints hold no ``hyper_parameters`` (the config is the YAML), and
+        LightningCLI's raw ``torch.load`` would crash with a bare traceback on a truncated
+        file; :func:`mrl_lightning.checkpoint.load_checkpoint` reads and checks the file
+        instead, with an error that names it.
+        """
+
     def before_fit(self) -> None:
         """Hand the resolved config to the trainer, which saves it in the run folder."""
         self.trainer.config_text = self._parser("fit").dump(self.config["fit"], skip_none=False)
@@ -67,15 +86,26 @@ def main(argv: list[str] | None = None) -> int:
         from mrl_lightning.analysis.cli import main as bandit_main
 
         return bandit_main(argv[1:])
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        if not argv:
+            return 2
     try:
         MRLCLI(args=None if from_shell else argv)
     except Exception as exc:  # noqa: BLE001 - a ConfigError may arrive wrapped by jsonargparse
         config_error = _find_config_error(exc)
+        if config_error is None and _from_config_parsing(exc):
+            config_error = exc  # jsonargparse folds nested ConfigErrors into a Union message
         if config_error is None:
             raise
         print(f"mrl: configuration error:\n{config_error}", file=sys.stderr)
         return 2
     return 0
+
+
+def _from_config_parsing(exc: BaseException) -> bool:
+    """True for jsonargparse's "does not validate" errors raised while instantiating the config."""
+    return isinstance(exc, ValueError) and "Does not validate against any of the Union subtypes" in str(exc)
 
 
 def _find_config_error(exc: BaseException | None) -> ConfigError | None:

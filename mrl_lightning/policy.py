@@ -30,6 +30,21 @@ def _looks_local(path: str) -> bool:
     return path.startswith((".", "/", "~")) or os.path.isabs(path) or os.sep in path and os.path.exists(path)
 
 
+def _template_errors(where: str, key: str, template: str, field: str) -> list[str]:
+    """Problems of a ``str.format`` template that must use exactly the field ``{field}``."""
+    try:
+        rendered = template.format(**{field: "\x00"})
+    except (KeyError, IndexError) as exc:
+        return [f"{where}: {key}={template!r} uses the unknown field {exc}; only {{{field}}} is available "
+                "(write literal braces as '{{' and '}}')."]
+    except ValueError as exc:
+        return [f"{where}: {key}={template!r} is not a valid template ({exc}); "
+                "write literal braces as '{{' and '}}'."]
+    if "\x00" not in rendered:
+        return [f"{where}: {key}={template!r} must contain '{{{field}}}'."]
+    return []
+
+
 class PolicyModule(pl.LightningModule):
     """One policy.
 
@@ -150,8 +165,9 @@ class PolicyModule(pl.LightningModule):
             errors.append(f"{p}: scale_rewards={self.scale_rewards!r}; valid: {list(SCALE_REWARDS)}.")
         if self.learning_rate <= 0:
             errors.append(f"{p}: learning_rate={self.learning_rate} must be > 0.")
-        if "{question}" not in self.prompt_template:
-            errors.append(f"{p}: prompt_template={self.prompt_template!r} must contain '{{question}}'.")
+        for key, template, field in (("prompt_template", self.prompt_template, "question"),
+                                     ("completion_template", self.completion_template, "answer")):
+            errors.extend(_template_errors(p, key, template, field))
         if isinstance(self.model_source, str) and _looks_local(self.model_source):
             if not Path(self.model_source).expanduser().is_dir():
                 errors.append(f"{p}: model={self.model_source!r} is not an existing folder. Give a folder "
@@ -176,9 +192,12 @@ class PolicyModule(pl.LightningModule):
         except Exception as exc:  # noqa: BLE001 - reported as a config error with its cause
             return [f"{p}: tokenizer {source!r} could not be loaded ({type(exc).__name__}: {exc})."]
         self._apply_pad_token(tok)
+        if self.pad_token is not None and self.pad_token not in tok.get_vocab():
+            return [f"{p}: pad_token={self.pad_token!r} is not in the vocabulary of tokenizer {source!r}; use a "
+                    f"token it has, e.g. its EOS pad_token: {tok.eos_token!r}."]
         if tok.pad_token_id is None:
             return [f"{p}: tokenizer {source!r} has no pad token. Set pad_token: '<its EOS text>' in this "
-                    "policy's config (e.g. pad_token: '</s>')."]
+                    f"policy's config (here: pad_token: {tok.eos_token!r})."]
         if tok.eos_token_id is None:
             return [f"{p}: tokenizer {source!r} has no EOS token; completions could never finish."]
         self.tokenizer = tok

@@ -28,7 +28,9 @@ from lightning.fabric.loggers import TensorBoardLogger
 from mrl_lightning.batch import TrainBatch
 from mrl_lightning.callbacks.base import MRLCallback
 from mrl_lightning.checkpoint import (
+    CheckpointError,
     atomic_save,
+    check_compatible,
     load_checkpoint,
     rng_state,
     set_rng_state,
@@ -39,6 +41,8 @@ from mrl_lightning.objectives.grpo import group_advantages
 from mrl_lightning.policy import policy_update
 from mrl_lightning.progress import RunProgress
 from mrl_lightning.reporting import eval_metrics, rollout_metrics
+
+CUMULATIVE = {"train/samples_seen"}
 
 
 class MRLTrainer:
@@ -146,6 +150,9 @@ class MRLTrainer:
         if errors:
             raise ConfigError("Invalid callbacks config:\n  - " + "\n  - ".join(errors))
         checkpoint = load_checkpoint(ckpt_path) if ckpt_path else None
+        if checkpoint is not None:
+            check_compatible(checkpoint, list(model.policies), self.max_steps)
+        self._check_run_folder()
         if self.num_threads:
             torch.set_num_threads(self.num_threads)
         self.fabric.launch()
@@ -169,7 +176,14 @@ class MRLTrainer:
         self.fabric.call("on_fit_start", self, model)
         if self.global_step == 0:
             self._evaluate(model, datamodule)
-        self._loop(model, datamodule)
+        try:
+            self._loop(model, datamodule)
+        except KeyboardInterrupt:
+            last = Path(self.log_dir) / "checkpoints" / "last.ckpt"
+            self.logger.finalize("interrupted")
+            hint = f"resume with --ckpt_path {last}" if last.exists() else "no checkpoint was written yet"
+            self.print(f"\nInterrupted during step {self.global_step + 1}; {hint}.")
+            raise SystemExit(130) from None
         if self.global_step % self.eval_every_n_steps:
             self._evaluate(model, datamodule)
         self.save_checkpoint(model, datamodule)
@@ -182,7 +196,10 @@ class MRLTrainer:
             while self.global_step < self.max_steps:
                 metrics = self.training_step(model, datamodule)
                 for key, value in metrics.items():
-                    totals[key].append(value)
+                    if key in CUMULATIVE or key.startswith("exchange/"):
+                        totals[key] = [value]  # counters: log the latest value, not a window mean
+                    else:
+                        totals[key].append(value)
                 progress.update(self.global_step, metrics, self.last_eval)
                 if self.global_step % self.log_every_n_steps == 0:
                     self.fabric.log_dict({k: sum(v) / len(v) for k, v in totals.items()}, step=self.global_step)
@@ -251,8 +268,15 @@ class MRLTrainer:
         }
         path = folder / f"step={self.global_step}.ckpt"
         if self.is_global_zero:
-            atomic_save(state, path)
-            atomic_save(state, folder / "last.ckpt")
+            # last.ckpt first, so it is never older than a step file; the step file is a hard
+            # link to the same bytes, put in place atomically too.
+            last = folder / "last.ckpt"
+            atomic_save(state, last)
+            tmp = folder / f".{path.name}.link"
+            if tmp.exists():
+                tmp.unlink()
+            os.link(last, tmp)
+            os.replace(tmp, path)
             old = sorted(folder.glob("step=*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
             for stale in old[: -self.keep_checkpoints]:
                 stale.unlink()
@@ -260,12 +284,20 @@ class MRLTrainer:
         return path
 
     def _load(self, state: dict[str, Any], model, datamodule) -> None:
-        names = set(model.policies)
-        if set(state["policies"]) != names:
-            raise ValueError(f"checkpoint policies {sorted(state['policies'])} differ from config {sorted(names)}.")
         for name, policy in model.policies.items():
-            policy.model.load_state_dict(state["policies"][name]["model"])
+            try:
+                policy.model.load_state_dict(state["policies"][name]["model"])
+            except RuntimeError as exc:
+                raise CheckpointError(
+                    f"policy {name!r}: the checkpoint's weights do not fit the configured model "
+                    f"({str(exc).splitlines()[0]} ...); resume with the config the checkpoint was made with."
+                ) from exc
             self._modules[name][1].load_state_dict(state["policies"][name]["optimizer"])
+        missing = [cb.state_key for cb in self.callbacks if cb.state_key not in state["callbacks"]]
+        dropped = [key for key in state["callbacks"] if key not in {cb.state_key for cb in self.callbacks}]
+        if missing or dropped:
+            self.print(f"Warning: resuming with different callbacks: state for {dropped} is dropped, "
+                       f"{missing} start fresh.")
         for cb in self.callbacks:
             if cb.state_key in state["callbacks"]:
                 cb.load_state_dict(state["callbacks"][cb.state_key])
@@ -274,6 +306,16 @@ class MRLTrainer:
         self.global_step, self.rollout_step, self.samples_seen = c["global_step"], c["rollout_step"], c["samples_seen"]
         self.optimizer_steps = dict(c["optimizer_steps"])
         set_rng_state(state["rng"])
+
+    def _check_run_folder(self) -> None:
+        """Refuse to write into a run folder that already holds a run.
+
+        Raises:
+            ConfigError: ``<default_root_dir>/<version>`` already has a config.yaml.
+        """
+        if (Path(self.log_dir) / "config.yaml").exists():
+            raise ConfigError(f"the run folder {self.log_dir} already holds a run (config.yaml); pick another "
+                              "--trainer.version, leave it unset for the next free version_<n>, or remove the folder.")
 
     def _write_config(self) -> None:
         if self.config_text is not None and self.is_global_zero:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 
@@ -115,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(args)
     except ValueError as err:
         print(f"mrl bandit: error: {err}", file=sys.stderr)
+        return 2
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        print(f"mrl bandit: error: --out {args.out} is a file; give a folder (created if missing).", file=sys.stderr)
         return 2
     start = time.perf_counter()
     results = run_analysis(cfg)

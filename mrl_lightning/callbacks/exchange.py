@@ -106,7 +106,7 @@ class SharedExperienceExchange(MRLCallback):
                         token_ids=tuple(ids), logprobs=tuple(r.old_logprobs[row][r.completion_mask[row]].tolist()),
                         offsets=_char_offsets(token_bytes(policy.tokenizer, ids), text),
                         reward=float(rewards[k]), finish_reason=r.finish_reasons[row],
-                        tokenizer_fingerprint=fingerprint,
+                        tokenizer_fingerprint=fingerprint, sample_index=k,
                     ))
                 if "success" in self.record_types and bool(scored.success[b, k]):
                     out.append(SuccessRecord(

@@ -78,6 +78,12 @@ class ReasoningGymDataModule(PromptDataModule):
             if p.dataset not in known:
                 errors.append(f"data.parts[{p.name}].dataset={p.dataset!r} is not a reasoning-gym dataset; "
                               f"e.g. basic_arithmetic, chain_sum, countdown.")
+            else:
+                try:  # a 1-item dataset checks the generator config cheaply
+                    reasoning_gym.create_dataset(p.dataset, seed=0, size=1, **p.config)
+                except Exception as exc:  # noqa: BLE001 - reported as a config error with its cause
+                    errors.append(f"data.parts[{p.name}].config={p.config!r} is not valid for reasoning-gym "
+                                  f"{p.dataset!r}: {type(exc).__name__}: {exc}")
             if p.weight <= 0:
                 errors.append(f"data.parts[{p.name}].weight={p.weight} must be > 0.")
         for key, value in (("batch_size", batch_size), ("train_size", train_size), ("eval_size", eval_size)):

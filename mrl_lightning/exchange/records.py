@@ -29,10 +29,12 @@ class RolloutRecord:
         reward: Scalar reward in [0, 1] (NaN when no verifier could score it).
         finish_reason: ``"eos"`` or ``"length"``.
         tokenizer_fingerprint: Hash identifying the source tokenizer.
+        sample_index: Index g of the completion in its group (schema 2). Two equal
+            completions sampled for one prompt are two samples, not duplicates.
     """
 
     record_type: ClassVar[str] = "rollout"
-    schema_version: ClassVar[int] = 1
+    schema_version: ClassVar[int] = 2
 
     prompt_id: str
     source: str
@@ -44,6 +46,7 @@ class RolloutRecord:
     reward: float
     finish_reason: str
     tokenizer_fingerprint: str
+    sample_index: int = 0
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,8 @@ def _read_texts(path: str) -> list[str]:
                     f"--text-file {path}, line {lineno}: got {type(value).__name__}; each line must be a JSON string."
                 )
             texts.append(value)
+    if not texts:
+        raise ValueError(f"--text-file {path} holds no texts; write one JSON string per line.")
     return texts
 
 

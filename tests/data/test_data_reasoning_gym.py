@@ -122,3 +122,15 @@ def test_bad_data_config_lists_every_problem():
     for fragment in ("names must be unique", "dataset='no_such_dataset'", "weight=0.0", "train_size=0",
                      "batch_size=2 is smaller than the number of parts (3)"):
         assert fragment in message, fragment
+
+
+@pytest.mark.parametrize("config,expected", [
+    ({"bogus_key": 3}, "bogus_key"),
+    ({"min_terms": 3, "max_terms": 2}, "max_terms"),
+])
+def test_bad_generator_config_is_a_config_error_naming_the_part(config, expected):
+    from mrl_lightning.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        ReasoningGymDataModule([TaskPart("add", "basic_arithmetic", config)], batch_size=2)
+    assert "data.parts[add].config" in str(info.value) and expected in str(info.value)

@@ -118,3 +118,16 @@ def test_default_config_uses_the_sgt_snippet_callbacks_verbatim():
     default = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())["trainer"]["callbacks"]
     sgt = yaml.safe_load((REPO / "callbacks" / "sgt.yaml").read_text())["trainer"]["callbacks"]
     assert default == sgt
+
+
+@pytest.mark.parametrize("key,value,expected", [
+    ("completion_template", " 42", "must contain '{answer}'"),
+    ("prompt_template", "{question} {foo}", "unknown field 'foo'"),
+    ("prompt_template", "Q: {question} {", "not a valid template"),
+])
+def test_bad_templates_are_clear_errors_before_any_warm_start(write_config, no_model_build, capsys, key, value,
+                                                              expected):
+    config = write_config(modify=lambda c: _policy_args(c).update({key: value}))
+    assert main(["fit", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and key in err and "gpt2" in err

@@ -81,5 +81,38 @@ def test_resume_continues_with_identical_state(write_config, tmp_path):
 
 
 def test_missing_ckpt_path_is_a_clear_error(write_config, capsys):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        main(["fit", "--config", str(write_config()), "--ckpt_path", "/nonexistent/last.ckpt"])
+    assert main(["fit", "--config", str(write_config()), "--ckpt_path", "/nonexistent/last.ckpt"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_truncated_checkpoint_is_a_clear_error_and_last_good_one_resumes(write_config, capsys):
+    run = _fit(write_config(modify=lambda c: c["trainer"].update(version="a", keep_checkpoints=5)))
+    bad = run / "checkpoints" / "broken.ckpt"
+    data = (run / "checkpoints" / "last.ckpt").read_bytes()
+    bad.write_bytes(data[: len(data) // 2])
+    cfg = write_config("b.yaml", modify=lambda c: c["trainer"].update(version="b", max_steps=3))
+    assert main(["fit", "--config", str(cfg), "--ckpt_path", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "broken.ckpt" in err and "could not be read" in err
+    assert main(["fit", "--config", str(cfg), "--ckpt_path", str(run / "checkpoints" / "step=1.ckpt")]) == 0
+
+
+def test_checkpoint_of_another_config_is_rejected_before_building(write_config, capsys, monkeypatch):
+    run = _fit(write_config(modify=lambda c: c["trainer"].update(version="a")))
+
+    def rename(c):
+        c["model"]["policies"][1]["init_args"]["name"] = "llama2"
+        c["trainer"].update(version="b", max_steps=4)
+
+    cfg = write_config("b.yaml", modify=rename)
+    monkeypatch.setattr("mrl_lightning.policy.PolicyModule.build",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("built before the check")))
+    assert main(["fit", "--config", str(cfg), "--ckpt_path", str(run / "checkpoints" / "last.ckpt")]) == 2
+    assert "llama2" in capsys.readouterr().err
+
+
+def test_existing_run_folder_is_not_overwritten(write_config, capsys):
+    cfg = write_config(modify=lambda c: c["trainer"].update(version="same"))
+    _fit(cfg)
+    assert main(["fit", "--config", str(cfg)]) == 2
+    assert "already holds a run" in capsys.readouterr().err
