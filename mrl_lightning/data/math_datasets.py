@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from mrl_lightning.data.items import PromptItem
-from mrl_lightning.data.stream import PromptDataModule, seed_for
+from mrl_lightning.data.stream import PromptDataModule, seed_for, stream_config_errors
 from mrl_lightning.errors import ConfigError
 
 LOCAL_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
@@ -89,8 +89,6 @@ def _part_errors(part: MathPart) -> list[str]:
     errors = []
     if not part.name or "/" in part.name:
         errors.append(f"{p}.name={part.name!r} must be non-empty and contain no '/' (it prefixes prompt ids).")
-    if part.weight <= 0:
-        errors.append(f"{p}.weight={part.weight} must be > 0.")
     if part.eval_size < 0:
         errors.append(f"{p}.eval_size={part.eval_size} must be >= 0.")
     if part.answer_pattern:
@@ -125,17 +123,9 @@ class MathDataModule(PromptDataModule):
         super().__init__(batch_size, seed)
         parts = [p if isinstance(p, MathPart) else MathPart(**p) for p in parts]
         errors = []
-        if not parts:
-            errors.append("data.parts is empty; give at least one MathPart (name, path, ...).")
-        names = [p.name for p in parts]
-        if len(set(names)) != len(names):
-            errors.append(f"data.parts names must be unique; got {names}.")
+        errors.extend(stream_config_errors(parts, batch_size, "MathPart (name, path, ...)"))
         for part in parts:
             errors.extend(_part_errors(part))
-        if batch_size < 1:
-            errors.append(f"data.batch_size={batch_size} must be >= 1.")
-        elif parts and batch_size < len(parts):
-            errors.append(f"data.batch_size={batch_size} is smaller than the number of parts ({len(parts)}).")
         if errors:
             raise ConfigError("Invalid data config:\n  - " + "\n  - ".join(errors))
         self.parts = parts

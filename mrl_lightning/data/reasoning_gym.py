@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mrl_lightning.data.items import PromptItem
-from mrl_lightning.data.stream import PromptDataModule, seed_for
+from mrl_lightning.data.stream import PromptDataModule, seed_for, stream_config_errors
 from mrl_lightning.errors import ConfigError
 
 
@@ -68,11 +68,7 @@ class ReasoningGymDataModule(PromptDataModule):
 
         errors = []
         parts = [p if isinstance(p, TaskPart) else TaskPart(**p) for p in parts]
-        if not parts:
-            errors.append("data.parts is empty; give at least one TaskPart.")
-        names = [p.name for p in parts]
-        if len(set(names)) != len(names):
-            errors.append(f"data.parts names must be unique; got {names}.")
+        errors.extend(stream_config_errors(parts, batch_size, "TaskPart"))
         known = set(reasoning_gym.factory.DATASETS)
         for p in parts:
             if p.dataset not in known:
@@ -84,13 +80,9 @@ class ReasoningGymDataModule(PromptDataModule):
                 except Exception as exc:  # noqa: BLE001 - reported as a config error with its cause
                     errors.append(f"data.parts[{p.name}].config={p.config!r} is not valid for reasoning-gym "
                                   f"{p.dataset!r}: {type(exc).__name__}: {exc}")
-            if p.weight <= 0:
-                errors.append(f"data.parts[{p.name}].weight={p.weight} must be > 0.")
-        for key, value in (("batch_size", batch_size), ("train_size", train_size), ("eval_size", eval_size)):
+        for key, value in (("train_size", train_size), ("eval_size", eval_size)):
             if value < 1:
                 errors.append(f"data.{key}={value} must be >= 1.")
-        if parts and batch_size < len(parts):
-            errors.append(f"data.batch_size={batch_size} is smaller than the number of parts ({len(parts)}).")
         if errors:
             raise ConfigError("Invalid data config:\n  - " + "\n  - ".join(errors))
         self.parts = parts

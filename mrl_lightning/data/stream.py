@@ -25,6 +25,22 @@ def seed_for(*keys: Any) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
+def stream_config_errors(parts: list, batch_size: int, part_class: str) -> list[str]:
+    """Problems every data module shares: no parts, duplicate names, weights, batch size."""
+    errors = []
+    if not parts:
+        errors.append(f"data.parts is empty; give at least one {part_class}.")
+    names = [p.name for p in parts]
+    if len(set(names)) != len(names):
+        errors.append(f"data.parts names must be unique; got {names}.")
+    errors += [f"data.parts[{p.name}].weight={p.weight} must be > 0." for p in parts if p.weight <= 0]
+    if batch_size < 1:
+        errors.append(f"data.batch_size={batch_size} must be >= 1.")
+    elif parts and batch_size < len(parts):
+        errors.append(f"data.batch_size={batch_size} is smaller than the number of parts ({len(parts)}).")
+    return errors
+
+
 class PromptDataModule(pl.LightningDataModule):
     """Base of prompt data modules: weighted batches, held-out eval, resumable position.
 
