@@ -8,7 +8,9 @@ THL, and adds the transfer loss to the receiver's batch. Needs the
 Logged under ``probe/sgt/<policy>/``: ``rescue_set_size`` (prompts), ``transfers``
 (demos), ``nll_nats`` (mean per-token NLL of the transferred demos),
 ``rescued_later_solved_share`` (of rescued prompts seen again, the share the receiver
-then solved on-policy), ``retokenize_failures``.
+then solved on-policy), ``retokenize_failures``. When SEE also publishes RolloutRecords,
+each transferred success is mapped with its source tokens and log-probs and the THL
+residual of the transferred batch is logged under ``thl/sgt/<policy>/`` (SPEC 4).
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ import torch
 
 from mrl_lightning.callbacks.base import MRLCallback
 from mrl_lightning.errors import ConfigError
-from mrl_lightning.exchange import SuccessRecord
+from mrl_lightning.exchange import RolloutRecord, SuccessRecord
 from mrl_lightning.probes.sgt import pad_demos, rescue_set, sgt_loss
-from mrl_lightning.thl import retokenize
+from mrl_lightning.thl import residual_metrics, retokenize, transfer_trace
 
 
 class _SGTTransferLoss:
@@ -108,21 +110,35 @@ class SuccessGatedTransfer(MRLCallback):
         for b, item in enumerate(items):
             if item.prompt_id in rescued and bool(own[b].any()):
                 solved.add(item.prompt_id)
+        prompt_ids = [x.prompt_id for x in items]
         records = trainer.exchange.query(SuccessRecord, receiver=name, step=trainer.rollout_step,
-                                         prompt_ids=[x.prompt_id for x in items], max_staleness=self.max_staleness)
+                                         prompt_ids=prompt_ids, max_staleness=self.max_staleness)
         peer: dict[str, list[str]] = {}
+        source_of: dict[tuple[str, str], str] = {}
         for rec in reversed(records):  # newest first
             peer.setdefault(rec.prompt_id, []).append(rec.completion_text)
-        chosen = rescue_set(own, [x.prompt_id for x in items], peer, self.kappa, self.max_transfers_per_prompt)
-        demos, failures = [], 0
+            source_of.setdefault((rec.prompt_id, rec.completion_text), rec.source)
+        chosen = rescue_set(own, prompt_ids, peer, self.kappa, self.max_transfers_per_prompt)
+        traces_by_key = self._source_traces(trainer, chosen, items, source_of)
+        demos, traces, failures = [], [], 0
         for b, texts in chosen.items():
             rescued.add(items[b].prompt_id)
             for text in texts:
-                r = retokenize(policy.tokenizer, batch.scored.prompt_texts[b], text, add_eos=True)
+                source = source_of[(items[b].prompt_id, text)]
+                rollout = traces_by_key.get((items[b].prompt_id, source, text))
+                if rollout is not None:  # the source's tokens are known: map the full trace (THL residual)
+                    trace = transfer_trace(system.policies[source].tokenizer, rollout.token_ids, rollout.logprobs,
+                                           policy.tokenizer, batch.scored.prompt_texts[b], text, add_eos=True)
+                    traces.append(trace)
+                    r = trace.retokenized
+                else:
+                    r = retokenize(policy.tokenizer, batch.scored.prompt_texts[b], text, add_eos=True)
                 if not r.round_trip_ok:
                     failures += 1
                     continue
                 demos.append((r.prompt_ids[-policy.max_prompt_length:], r.completion_ids))
+        if traces:
+            batch.metrics.update(residual_metrics(traces, prefix=f"thl/sgt/{name}/"))
         weight = self.lambda_per_policy.get(name, self.lambda_sgt)
         if demos and weight > 0:
             batch.aux_losses.append(_SGTTransferLoss(demos, weight, self.advantage_plus, tag))
@@ -131,6 +147,18 @@ class SuccessGatedTransfer(MRLCallback):
             f"{tag}/retokenize_failures": float(failures),
             f"{tag}/rescued_later_solved_share": len(solved) / max(len(rescued), 1),
         })
+
+    @staticmethod
+    def _source_traces(trainer, chosen, items, source_of) -> dict[tuple[str, str, str], RolloutRecord]:
+        """The source's RolloutRecord of each chosen success, when SEE published rollouts."""
+        wanted = {items[b].prompt_id for b in chosen}
+        if not wanted:
+            return {}
+        out = {}
+        for rec in trainer.exchange.query(RolloutRecord, prompt_ids=sorted(wanted)):
+            if source_of.get((rec.prompt_id, rec.completion_text)) == rec.source:
+                out.setdefault((rec.prompt_id, rec.source, rec.completion_text), rec)
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"rescued": {k: sorted(v) for k, v in self.rescued.items()},

@@ -39,7 +39,8 @@ def tiny_config(cache_dir: Path, root_dir: Path, *, callbacks: list | None = Non
             "num_threads": 1, "num_sample_completions": 2,
             "callbacks": callbacks if callbacks is not None else [
                 {"class_path": "mrl_lightning.callbacks.SharedExperienceExchange"},
-                {"class_path": "mrl_lightning.callbacks.SuccessGatedTransfer", "init_args": {"lambda_sgt": 0.5}},
+                {"class_path": "mrl_lightning.callbacks.SuccessGatedTransfer",
+                 "init_args": {"lambda_sgt": 0.5, "kappa": 1.0}},
             ],
         },
         "model": {

@@ -59,6 +59,8 @@ def test_tensorboard_has_per_policy_and_probe_tags(write_config):
                     "eval/{p}/success_strong", "eval/{p}/greedy_success_weak", "eval/{p}/greedy_success_add", "probe/sgt/{p}/rescue_set_size", "probe/sgt/{p}/transfers"):
             assert tag.format(p=policy) in tags, f"missing tag {tag.format(p=policy)}"
     assert "train/step_time_s" in tags and "exchange/records_published" in tags
+    assert any(t.startswith("thl/sgt/") and t.endswith("/round_trip_failures") for t in tags), \
+        "SGT transfers logged no THL residual"
     assert events.Tags()["tensors"] or events.Tags().get("text") is not None
 
 
