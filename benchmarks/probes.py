@@ -4,7 +4,7 @@ Runs ``configs/default.yaml`` under every arm (default: none, PRP, XGRPO, SGT) w
 several ``seed_everything`` values, each run a ``mrl fit`` subprocess with one thread
 (``--parallel`` at a time), then reads every run's TensorBoard events and writes:
 
-- ``runs.csv``: one row per (arm, seed, policy) with the final greedy eval success
+- ``runs.csv``: one row per (arm, seed, policy) with the final eval success (``eval/<p>/success_*``: mean of 8 sampled completions per held-out prompt)
   (overall = mean over task parts, weak part, strong part), the update variance
   (variance across steps of ``train/<p>/grad_norm``, the pre-clip gradient norm, logged
   every step) and, for PRP arms, the mean THL residual and importance-weight ESS;
@@ -21,15 +21,14 @@ sampling and data order only. Finished runs (``done.json``) are skipped on a rer
 Arms: ``none``, ``prp`` (truncate), ``prp_clip``, ``prp_none`` (the weight modes of SPEC
 3.2, c = 2), ``xgrpo``, ``sgt``: each is ``callbacks/<snippet>.yaml`` stacked on the default.
 
-Cost (default.yaml as of writing: B = 16, G = 8, two policies): one run takes about
-0.2 s/step for none / XGRPO / SGT and about 1.6x that for PRP (M = 4) on an idle core,
-so 12 runs of 1,500 steps, 2 at a time, take about 45 min on this 2-core CPU. Measured while
-two other training runs shared the CPU: 0.47 s/step (none), 0.75 s/step (PRP), which
-would still fit in ~80 min. The ETA is printed after every run.
+Cost, measured on this 2-core CPU (default.yaml: B = 16, G = 8, two policies; two runs at a
+time, one thread each): the default invocation (4 arms x 3 seeds x 500 steps) took 25.8 min;
+a none / XGRPO / SGT run of 500 steps takes about 3.3 min, a PRP run (M = 4) about 4.7 min.
+``--steps 1500`` is estimated at about 80 min. The ETA is printed after every run.
 
 Usage::
 
-    python benchmarks/probes.py --out runs/probes                  # full comparison
+    python benchmarks/probes.py --out runs/probes                  # 4 arms x 3 seeds x 500 steps, ~26 min
     python benchmarks/probes.py --steps 4 --seeds 0 --arms none prp --out /tmp/probes_smoke
 """
 
@@ -208,7 +207,7 @@ def summarize(rows: list[dict], out: Path, meta: dict) -> list[dict]:
 
     lines = [f"Probe comparison: {meta['command']}", "",
              f"{meta['steps']} steps, seeds {meta['seeds']}, wall time {meta['wall_s'] / 60:.1f} min. "
-             "Mean ± 95% interval over seeds (Student t). Success = greedy eval on held-out prompts at the "
+             "Mean ± 95% interval over seeds (Student t). Success = eval/<p>/success_* (mean of 8 sampled completions per held-out prompt) at the "
              "last step; update variance = variance across steps of train/<p>/grad_norm; THL moved = share "
              "of log-prob mass split inside chunks (PRP only).", "",
              "| arm | policy | seeds | success overall | success weak | success strong | update variance "
@@ -239,7 +238,7 @@ def plot(summary: list[dict], curves: dict, out: Path) -> Path:
                 for a in arms]
         axes[0].bar([i + k * width for i in range(len(arms))], means, width, yerr=errs, capsize=3, label=policy)
     axes[0].set_xticks([i + width * (len(policies) - 1) / 2 for i in range(len(arms))], arms)
-    axes[0].set_ylabel("final greedy success, weak part")
+    axes[0].set_ylabel("final success, weak part (8 samples per prompt)")
     axes[0].set_title("weak part (mean, 95% interval)")
     axes[0].legend()
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -253,7 +252,7 @@ def plot(summary: list[dict], curves: dict, out: Path) -> Path:
                 mean = [sum(run[j][1] for run in runs if j < len(run)) / len(runs) for j in range(len(steps))]
                 ax.plot(steps, mean, style, marker="o", markersize=3, color=colors[i % len(colors)],
                         label=f"{arm} ({part})")
-        ax.set_title(f"{policy}: greedy success over training")
+        ax.set_title(f"{policy}: success over training (8 samples per prompt)")
         ax.set_xlabel("step")
         ax.set_ylabel("success (mean over seeds)")
         ax.set_ylim(-0.02, 1.02)
@@ -267,7 +266,7 @@ def plot(summary: list[dict], curves: dict, out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=1500, help="training steps per run (default.yaml's max_steps)")
+    parser.add_argument("--steps", type=int, default=500, help="training steps per run (default.yaml runs 2500)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seed_everything values")
     parser.add_argument("--arms", nargs="+", default=["none", "prp", "xgrpo", "sgt"], choices=sorted(ARMS))
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "probes", help="output folder")
