@@ -67,6 +67,10 @@ class PolicyModule(pl.LightningModule):
         max_prompt_length: Prompts are left-truncated to this many tokens.
         max_completion_length: L, max new tokens (TRL ``max_completion_length``).
         beta: k3 KL weight; 0 disables the reference model (TRL ``beta``).
+        use_bias_correction_kl: Multiply the per-token k3 KL by the importance ratio, not
+            detached (TRL ``use_bias_correction_kl``, True there too; ``docs/grpo.md``).
+        kl_log_ratio_clamp: Bound in nats on ``|log pi_ref - log pi_theta|`` inside the k3
+            KL (verl's ``low_var_kl`` clamp, 20); null = unbounded (overflows to inf past ~88).
         epsilon: Lower clip of the ratio (TRL ``epsilon``).
         epsilon_high: Upper clip; None = ``epsilon`` (TRL ``epsilon_high``).
         num_iterations: mu, optimizer steps on each step's batch (TRL ``num_iterations``).
@@ -101,6 +105,8 @@ class PolicyModule(pl.LightningModule):
         max_prompt_length: int = 64,
         max_completion_length: int = 8,
         beta: float = 0.0,
+        use_bias_correction_kl: bool = True,
+        kl_log_ratio_clamp: float | None = 20.0,
         epsilon: float = 0.2,
         epsilon_high: float | None = None,
         num_iterations: int = 1,
@@ -122,6 +128,7 @@ class PolicyModule(pl.LightningModule):
         self.num_generations, self.temperature, self.top_p, self.top_k = num_generations, temperature, top_p, top_k
         self.max_prompt_length, self.max_completion_length = max_prompt_length, max_completion_length
         self.beta, self.epsilon, self.epsilon_high = beta, epsilon, epsilon_high
+        self.use_bias_correction_kl, self.kl_log_ratio_clamp = use_bias_correction_kl, kl_log_ratio_clamp
         self.num_iterations, self.loss_type, self.scale_rewards = num_iterations, loss_type, scale_rewards
         self.mask_truncated_completions = mask_truncated_completions
         self.micro_batch_size = micro_batch_size
@@ -157,6 +164,9 @@ class PolicyModule(pl.LightningModule):
             errors.append(f"{p}: micro_batch_size={self.micro_batch_size} must be >= 1 or null.")
         if self.beta < 0:
             errors.append(f"{p}: beta={self.beta} must be >= 0 (0 disables the KL term).")
+        if self.kl_log_ratio_clamp is not None and not self.kl_log_ratio_clamp > 0:
+            errors.append(f"{p}: kl_log_ratio_clamp={self.kl_log_ratio_clamp} must be > 0 (nats; verl uses 20) "
+                          "or null to turn the bound off.")
         if self.epsilon < 0 or (self.epsilon_high is not None and self.epsilon_high < 0):
             errors.append(f"{p}: epsilon/epsilon_high must be >= 0; got {self.epsilon}/{self.epsilon_high}.")
         if self.loss_type not in LOSS_TYPES:
@@ -354,6 +364,7 @@ def policy_update(policy: PolicyModule, batch, model, fabric, optimizer) -> dict
             out = grpo_loss(
                 logp, r.old_logprobs[sl], advantages[sl], mask[sl], loss_type=policy.loss_type,
                 epsilon=policy.epsilon, epsilon_high=policy.epsilon_high, beta=policy.beta,
+                use_bias_correction_kl=policy.use_bias_correction_kl, kl_log_ratio_clamp=policy.kl_log_ratio_clamp,
                 ref_logp=None if ref is None else ref[sl], max_completion_length=policy.max_completion_length,
                 num_sequences=n_seq, num_tokens=n_tokens,
             )

@@ -1,4 +1,4 @@
-"""SuccessGatedTransfer callback: SGT on top of GRPO (SPEC 3.4).
+"""SuccessGatedTransfer callback: SGT on top of GRPO (``docs/probes.md``).
 
 Thin adapter over :mod:`mrl_lightning.probes.sgt`: reads verified peer SuccessRecords
 from SEE (``trainer.exchange``), retokenizes them behind the receiver's own prompt with
@@ -7,10 +7,16 @@ THL, and adds the transfer loss to the receiver's batch. Needs the
 
 Logged under ``probe/sgt/<policy>/``: ``rescue_set_size`` (prompts), ``transfers``
 (demos), ``nll_nats`` (mean per-token NLL of the transferred demos),
-``rescued_later_solved_share`` (of rescued prompts seen again, the share the receiver
-then solved on-policy), ``retokenize_failures``. When SEE also publishes RolloutRecords,
-each transferred success is mapped with its source tokens and log-probs and the THL
-residual of the transferred batch is logged under ``thl/sgt/<policy>/`` (SPEC 4).
+``rescued_later_solved_share`` (of the rescued prompts seen again in a later step, the
+share the receiver then solved on-policy at least once; not logged until a rescued prompt
+has been seen again, since it has no value before), ``retokenize_failures``. When SEE also
+publishes RolloutRecords, each transferred success is mapped with its source tokens and
+log-probs and the THL residual of the transferred batch is logged under
+``thl/sgt/<policy>/``.
+
+State (checkpointed, and merged over worker processes by :meth:`merge_rank_states`): per
+policy, the prompts rescued so far, those seen again after a rescue, and those of them
+solved on-policy.
 """
 
 from __future__ import annotations
@@ -46,8 +52,8 @@ class SuccessGatedTransfer(MRLCallback):
     """Success-Gated Transfer probe.
 
     Args:
-        lambda_sgt: Transfer weight lambda (SPEC 3.4). FIELD_NOTES: ~0.1 keeps the strong
-            part; 1.0 made a tiny GPT-2 forget it.
+        lambda_sgt: Transfer weight lambda (``docs/probes.md``). In a prototype of the
+            embedded default ~0.1 kept the strong part; 1.0 made a tiny GPT-2 forget it.
         lambda_per_policy: Optional per-receiver overrides of ``lambda_sgt`` by policy name.
         advantage_plus: A_plus given to a verified success.
         kappa: A prompt is rescued when the receiver's own success rate <= kappa.
@@ -86,6 +92,7 @@ class SuccessGatedTransfer(MRLCallback):
         self.max_transfers_per_prompt, self.max_staleness = max_transfers_per_prompt, max_staleness
         self.receivers = receivers
         self.rescued: dict[str, set[str]] = {}
+        self.seen_after_rescue: dict[str, set[str]] = {}
         self.solved_after_rescue: dict[str, set[str]] = {}
 
     def config_errors(self, trainer, system) -> list[str]:
@@ -107,9 +114,12 @@ class SuccessGatedTransfer(MRLCallback):
         own = batch.scored.success
         tag = f"probe/sgt/{name}"
         rescued, solved = self.rescued.setdefault(name, set()), self.solved_after_rescue.setdefault(name, set())
-        for b, item in enumerate(items):
-            if item.prompt_id in rescued and bool(own[b].any()):
-                solved.add(item.prompt_id)
+        seen = self.seen_after_rescue.setdefault(name, set())
+        for b, item in enumerate(items):  # before this step's rescues: "again" means a later step
+            if item.prompt_id in rescued:
+                seen.add(item.prompt_id)
+                if bool(own[b].any()):
+                    solved.add(item.prompt_id)
         prompt_ids = [x.prompt_id for x in items]
         records = trainer.exchange.query(SuccessRecord, receiver=name, step=trainer.rollout_step,
                                          prompt_ids=prompt_ids, max_staleness=self.max_staleness)
@@ -145,8 +155,9 @@ class SuccessGatedTransfer(MRLCallback):
         batch.metrics.update({
             f"{tag}/rescue_set_size": float(len(chosen)), f"{tag}/transfers": float(len(demos)),
             f"{tag}/retokenize_failures": float(failures),
-            f"{tag}/rescued_later_solved_share": len(solved) / max(len(rescued), 1),
         })
+        if seen:
+            batch.metrics[f"{tag}/rescued_later_solved_share"] = len(solved & seen) / len(seen)
 
     @staticmethod
     def _source_traces(trainer, chosen, items, source_of) -> dict[tuple[str, str, str], RolloutRecord]:
@@ -161,9 +172,51 @@ class SuccessGatedTransfer(MRLCallback):
         return out
 
     def state_dict(self) -> dict[str, Any]:
+        """Per policy, sorted prompt ids: ``rescued``, ``seen_after_rescue``, ``solved_after_rescue``."""
         return {"rescued": {k: sorted(v) for k, v in self.rescued.items()},
+                "seen_after_rescue": {k: sorted(v) for k, v in self.seen_after_rescue.items()},
                 "solved_after_rescue": {k: sorted(v) for k, v in self.solved_after_rescue.items()}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s sets. A state without ``seen_after_rescue`` (written
+        before it was kept) takes the solved prompts as the ones seen again: they were."""
         self.rescued = {k: set(v) for k, v in state_dict["rescued"].items()}
         self.solved_after_rescue = {k: set(v) for k, v in state_dict["solved_after_rescue"].items()}
+        seen = state_dict.get("seen_after_rescue", state_dict["solved_after_rescue"])
+        self.seen_after_rescue = {k: set(v) for k, v in seen.items()}
+
+    def merge_rank_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
+        """One state from this callback's :meth:`state_dict` on several worker processes.
+
+        Each worker sees only some policies, or some prompts of one policy, so per policy
+        the merged ``rescued``, ``seen_after_rescue`` and ``solved_after_rescue`` are the
+        unions of the workers' sets. Pure: neither ``states`` nor ``self`` is changed.
+
+        Args:
+            states: ``state_dict()`` of every worker (older states without
+                ``seen_after_rescue`` are read as :meth:`load_state_dict` reads them).
+
+        Returns:
+            A state in :meth:`state_dict`'s format (sorted lists), for :meth:`load_state_dict`.
+
+        Raises:
+            ValueError: ``states`` is empty, or one of them lacks ``rescued`` /
+                ``solved_after_rescue`` (names its index).
+        """
+        if not states:
+            raise ValueError("SuccessGatedTransfer.merge_rank_states: states=[] is empty; pass the state_dict() "
+                             "of at least one worker.")
+        merged: dict[str, dict[str, set[str]]] = {
+            "rescued": {}, "seen_after_rescue": {}, "solved_after_rescue": {}}
+        for i, state in enumerate(states):
+            missing = [k for k in ("rescued", "solved_after_rescue") if k not in state]
+            if missing:
+                raise ValueError(f"SuccessGatedTransfer.merge_rank_states: states[{i}] has no {missing}; pass "
+                                 "SuccessGatedTransfer.state_dict() results.")
+            parts = {"rescued": state["rescued"], "solved_after_rescue": state["solved_after_rescue"],
+                     "seen_after_rescue": state.get("seen_after_rescue", state["solved_after_rescue"])}
+            for key, per_policy in parts.items():
+                for policy, prompts in per_policy.items():
+                    merged[key].setdefault(policy, set()).update(prompts)
+        return {key: {policy: sorted(prompts) for policy, prompts in per_policy.items()}
+                for key, per_policy in merged.items()}

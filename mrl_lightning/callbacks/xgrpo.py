@@ -1,4 +1,4 @@
-"""CrossPolicyAdvantage callback: XGRPO on top of GRPO (SPEC 3.3).
+"""CrossPolicyAdvantage callback: XGRPO on top of GRPO (``docs/probes.md``).
 
 Thin adapter over :mod:`mrl_lightning.probes.xgrpo`. The receiver trains on its own
 rollouts only (on-policy support kept); only scalars cross: for each of the receiver's
@@ -9,15 +9,19 @@ replaces ``batch.advantages`` with
     s_i(x) = std(union_j R_j(x))   (scale_source="union")  or  std(R_i(x))  ("own")
     A_ik   = (r_ik - b_i(x)) / (s_i(x) + eps)
 
-Choices made here (SPEC 3.3 leaves them open):
+Choices made here (the method leaves them open):
 
 - Per (prompt, peer) only the newest record within ``max_staleness`` rollout steps is
   used, so a prompt seen twice by one peer counts that peer's group once.
 - A prompt whose own group holds a NaN reward (a verifier that could not score) keeps the
   plain GRPO advantages the trainer computed, and is counted in ``nan_rows_skipped``.
 - Std is Bessel-corrected and ``eps`` defaults to 1e-4, as the trainer's GRPO
-  (``scale_rewards="group"``); so ``alpha=0, scale_source="own"`` reproduces plain GRPO
-  exactly (tested). A receiver must therefore use ``scale_rewards: group``.
+  (``scale_rewards="group"``); ``alpha=0`` keeps plain GRPO's numerator to the last bit
+  (a group of equal rewards gets exactly 0), and ``alpha=0, scale_source="own"``
+  reproduces plain GRPO exactly (tested). A receiver must therefore use
+  ``scale_rewards: group``.
+- ``scale_source="own"`` with ``alpha > 0`` is refused at construction: the own std is 0
+  on all-fail / all-succeed groups, so the baseline shift would be divided by eps alone.
 
 Composition (see :mod:`mrl_lightning.callbacks`): probes run in callback-list order.
 XGRPO *replaces* the receiver's own-sample advantages, computed from rewards (it does not
@@ -28,7 +32,8 @@ either way). SGT only appends a loss term and composes with XGRPO in any order.
 Logged under ``probe/xgrpo/<policy>/``: ``baseline_shift`` (mean over prompts of
 |b_i - mean R_i|, reward units), ``baseline_shift_max``, ``zero_var_groups`` (own groups
 with all rewards equal), ``zero_var_signal_share`` (share of those given a non-zero
-advantage), ``prompts_with_peers``, ``peer_groups`` (records used), ``nan_rows_skipped``.
+advantage; float rounding gives exactly 0, never a "signal"), ``prompts_with_peers``,
+``peer_groups`` (records used), ``nan_rows_skipped``.
 """
 
 from __future__ import annotations
@@ -40,9 +45,10 @@ from mrl_lightning.errors import ConfigError
 from mrl_lightning.exchange import GroupStatsRecord
 from mrl_lightning.probes.xgrpo import (
     SCALE_SOURCES,
+    own_scale_problem,
     peer_moments_from_stats,
     peer_stats_from_records,
-    xgrpo_baseline_scale,
+    xgrpo_from_moments,
     xgrpo_metrics,
 )
 
@@ -69,16 +75,16 @@ class CrossPolicyAdvantage(MRLCallback):
     """Cross-Policy GRPO Advantage Sharing (XGRPO) probe.
 
     Args:
-        alpha: Weight of the union mean in the baseline b_i(x), in [0, 1]; 0 = own mean
-            (SPEC 3.3).
-        scale_source: ``"union"`` (std of own + peer rewards) or ``"own"`` (own std).
+        alpha: Weight of the union mean in the baseline b_i(x), in [0, 1]; 0 = own mean.
+        scale_source: ``"union"`` (std of own + peer rewards) or ``"own"`` (own std; only
+            with ``alpha: 0``, which is then plain GRPO).
         eps: Added to the scale s_i(x) (TRL's 1e-4, the trainer's GRPO default).
         max_staleness: Use peer group statistics at most this many rollout steps old;
             0 = the same step only; None = any the exchange still holds.
         receivers: Policies whose advantages are replaced; None = all.
 
     Raises:
-        ConfigError: out-of-range values (all at once).
+        ConfigError: out-of-range values, or ``scale_source="own"`` with ``alpha > 0`` (all at once).
     """
 
     def __init__(
@@ -94,6 +100,8 @@ class CrossPolicyAdvantage(MRLCallback):
             errors.append(f"CrossPolicyAdvantage.alpha={alpha!r} must be in [0, 1] (0 = own mean, 1 = union mean).")
         if scale_source not in SCALE_SOURCES:
             errors.append(f"CrossPolicyAdvantage.scale_source={scale_source!r}; valid: {list(SCALE_SOURCES)}.")
+        elif scale_source == "own" and 0.0 < alpha <= 1.0:
+            errors.append(f"CrossPolicyAdvantage: {own_scale_problem(alpha)}.")
         if not eps > 0:
             errors.append(f"CrossPolicyAdvantage.eps={eps!r} must be > 0 (e.g. 1e-4).")
         if max_staleness is not None and max_staleness < 0:
@@ -139,7 +147,7 @@ class CrossPolicyAdvantage(MRLCallback):
         return list(newest.values())
 
     def on_compose_batch(self, trainer, system, policy, batch) -> None:
-        """SPEC 1 step 5 for ``policy``: replace ``batch.advantages`` ``[B, G]`` by XGRPO's.
+        """Compose ``policy``'s batch: replace ``batch.advantages`` ``[B, G]`` by XGRPO's.
 
         Rows (prompts) with a NaN own reward keep the trainer's GRPO advantages; scalars go
         to ``batch.metrics``. Reads ``trainer.exchange`` and ``trainer.rollout_step``.
@@ -159,8 +167,7 @@ class CrossPolicyAdvantage(MRLCallback):
             return
         count, mean, std = peer_stats_from_records(records, kept_ids)
         peer = peer_moments_from_stats(count, mean, std)
-        baseline, scale = xgrpo_baseline_scale(own, peer, self.alpha, self.scale_source)
-        advantages = (own - baseline[:, None]) / (scale[:, None] + self.eps)
+        advantages, baseline, _ = xgrpo_from_moments(own, peer, self.alpha, self.scale_source, self.eps)
         new = batch.advantages.clone()
         new[rows] = advantages.to(new.dtype)
         batch.advantages = new

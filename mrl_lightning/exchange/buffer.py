@@ -1,4 +1,4 @@
-"""SEE: the Shared Experience Exchange buffer (SPEC 5).
+"""SEE: the Shared Experience Exchange buffer (``docs/see.md``).
 
 Policies publish typed records (:mod:`mrl_lightning.exchange.records`); probes read them
 back either by ``query`` (stateless: all held records of a type, filtered by receiver,
@@ -7,8 +7,11 @@ receiver's last poll). Rules:
 
 - Order: every accepted record gets a sequence number; results are in publication order.
 - Deduplication: a record equal to a held one (same type and every field; NaN equals NaN)
-  is dropped. A ``SuccessRecord`` is also dropped when a held one has the same
-  ``(prompt_id, source, completion_text)``: the earliest is kept.
+  is dropped. A ``SuccessRecord`` with the same ``(prompt_id, source, completion_text)``
+  as a held one *refreshes* it when its step is the same or newer: the held record is
+  removed and the new one is added at the end of the publication order (so a repeated
+  success lives on under staleness windows, and subscribers poll it again); one with an
+  older step is dropped. Only the newest record per ``(prompt_id, source, text)`` is held.
 - Retention: at most ``capacity`` records (oldest evicted first) and, after
   ``advance(step)``, only records with ``record.step >= step - max_staleness``.
 - Own records: a receiver never gets records it produced (``source == receiver``)
@@ -74,7 +77,7 @@ def _type_name(record_type: Any, arg: str) -> str:
 
 
 class ExperienceExchange:
-    """In-memory exchange of typed experience records between policies (SPEC 5).
+    """In-memory exchange of typed experience records between policies (``docs/see.md``).
 
     Args:
         capacity: Most records held at once; the oldest are evicted first. Must be >= 1.
@@ -135,12 +138,15 @@ class ExperienceExchange:
             "duplicates_dropped": 0,
             "evicted_stale": 0,
             "evicted_capacity": 0,
+            "successes_refreshed": 0,
         }
         self._published_by_type: dict[str, int] = {name: 0 for name in RECORD_TYPES}
 
     # ------------------------------------------------------------------ writing
     def publish(self, records: Iterable[Record]) -> int:
-        """Add records; duplicates are dropped (see module docstring). Thread-safe.
+        """Add records; duplicates are dropped, repeated successes refresh (see module docstring).
+
+        Thread-safe. Every accepted record (a refreshing success included) goes to the log.
 
         Args:
             records: Records of any of the record classes, in the producer's order.
@@ -165,9 +171,13 @@ class ExperienceExchange:
             for rec in items:
                 key = record_key(rec)
                 skey = _success_key(rec) if isinstance(rec, SuccessRecord) else None
-                if key in self._keys or (skey is not None and skey in self._success_keys):
+                held = self._success_keys.get(skey) if skey is not None else None
+                if key in self._keys or (held is not None and rec.step < self._records[held].step):
                     self._counters["duplicates_dropped"] += 1
                     continue
+                if held is not None:  # the same success again, as new or newer: newest step wins
+                    self._evict(held)
+                    self._counters["successes_refreshed"] += 1
                 seq = self._next_seq
                 self._next_seq += 1
                 self._records[seq] = rec
@@ -197,8 +207,8 @@ class ExperienceExchange:
         if not bucket:
             del self._by_prompt[(rec.record_type, rec.prompt_id)]
         del self._keys[self._seq_keys.pop(seq)]
-        if isinstance(rec, SuccessRecord):
-            self._success_keys.pop(_success_key(rec), None)
+        if isinstance(rec, SuccessRecord) and self._success_keys.get(_success_key(rec)) == seq:
+            del self._success_keys[_success_key(rec)]
 
     def advance(self, step: int) -> int:
         """Set the current step and evict records older than ``max_staleness`` before it.
@@ -322,9 +332,10 @@ class ExperienceExchange:
 
         Keys: ``exchange/records_published``, ``exchange/records_held``,
         ``exchange/duplicates_dropped``, ``exchange/evicted_stale``,
-        ``exchange/evicted_capacity``, ``exchange/subscribers`` and, per record type
-        ``T`` in (rollout, group_stats, success), ``exchange/T_published`` and
-        ``exchange/T_held``.
+        ``exchange/evicted_capacity``, ``exchange/successes_refreshed`` (held successes
+        replaced by the same success at the same or a newer step), ``exchange/subscribers``
+        and, per record type ``T`` in (rollout, group_stats, success),
+        ``exchange/T_published`` and ``exchange/T_held``.
         """
         with self._lock:
             out = {f"exchange/{k}": float(v) for k, v in self._counters.items()}
@@ -379,7 +390,7 @@ class ExperienceExchange:
                 self._keys[key] = seq
                 self._seq_keys[seq] = key
                 if isinstance(rec, SuccessRecord):
-                    self._success_keys.setdefault(_success_key(rec), seq)
+                    self._success_keys[_success_key(rec)] = seq  # publication order: the newest is last
             self._next_seq = int(state["next_seq"])
             self._current_step = state["current_step"]
             self._counters.update({k: int(v) for k, v in state["counters"].items()})

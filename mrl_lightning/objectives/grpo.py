@@ -1,20 +1,25 @@
-"""GRPO objective as pure functions on tensors (SPEC 2).
+"""GRPO objective as pure functions on tensors (``docs/grpo.md``).
 
 Shapes: B prompts, G completions per prompt, N = B*G sequences, L completion length.
 Log-probs are float32 nats. ``completion_mask`` is True where a token is counted.
 
 Option names and numbers follow TRL's ``GRPOConfig`` (trl 1.16) where the meaning is
 the same: ``scale_rewards`` ("group" | "batch" | "none"), ``epsilon`` / ``epsilon_high``,
-``beta`` with the k3 KL estimator, ``loss_type`` ("grpo" | "bnpo" | "dr_grpo" | "dapo"),
-``max_completion_length``. Departures from TRL, stated once here:
+``beta`` with the k3 KL estimator, ``use_bias_correction_kl``, ``loss_type`` ("grpo" |
+"bnpo" | "dr_grpo" | "dapo"), ``max_completion_length``. Departures from TRL, stated
+once here:
 
 - The std for ``scale_rewards`` uses Bessel's correction and eps = 1e-4, as TRL does.
 - A NaN reward (a verifier that could not score) is excluded from its group's
   statistics and gets advantage 0, so it neither poisons the batch nor moves the policy;
   TRL instead ``nansum``s over reward functions. Per-function NaNs are combined with
   nansum (as TRL) in :func:`combine_rewards`; only an all-NaN row stays NaN.
-- TRL multiplies the k3 KL by the importance ratio by default
-  (``use_bias_correction_kl``); we use plain k3 as written in SPEC 2.
+- A group whose rewards are all equal gets advantage exactly 0; TRL divides the float32
+  rounding error of its mean by ``std + eps`` (advantages of order 1e-4 for eight
+  rewards of 0.1, 0.3 or 0.7).
+- The k3 KL bounds its log-ratio to ``kl_log_ratio_clamp`` nats (default 20, verl's
+  ``low_var_kl`` clamp); TRL has no bound and returns ``inf`` once the log-ratio passes
+  ~88 nats. Set ``kl_log_ratio_clamp: null`` for TRL's numbers.
 - ``dapo`` normalizes by the number of counted tokens in the whole step batch, which on
   one process equals ``bnpo``; both take an explicit ``num_tokens`` so micro-batches of
   one step share the normalizer.
@@ -29,6 +34,8 @@ from torch import Tensor
 
 SCALE_REWARDS = ("group", "batch", "none")
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+# Bound in nats on |log pi_ref - log pi_theta| inside the k3 KL (verl's low_var_kl uses 20).
+KL_LOG_RATIO_CLAMP = 20.0
 
 
 def _check_choice(name: str, value: str, valid: tuple[str, ...]) -> None:
@@ -59,8 +66,43 @@ def combine_rewards(rewards_per_func: Tensor, weights: Tensor | None = None) -> 
     return torch.where(all_nan, torch.full_like(total, float("nan")), total)
 
 
-def group_advantages(rewards: Tensor, scale_rewards: str = "group", eps: float = 1e-4) -> Tensor:
-    """Group-relative advantages (SPEC 2; TRL ``scale_rewards``).
+def center_groups(rewards: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-group mean, centered rewards and Bessel std, as :func:`group_advantages` uses them.
+
+    NaN rewards are left out of mean and std and get a centered value of 0. A group whose
+    valid rewards are all equal gets centered values and std of exactly 0 (a float32 mean
+    of e.g. eight 0.1s is not exactly 0.1, and dividing that rounding error by ``std +
+    eps`` would give advantages of order 1e-4). Other modules that must agree with plain
+    GRPO to the last bit (XGRPO with ``alpha = 0``) build on this function.
+
+    Args:
+        rewards: ``[B, G]`` float32 rewards (NaN allowed).
+
+    Returns:
+        ``(mean, centered, std)``: ``[B, 1]``, ``[B, G]``, ``[B, 1]``, in ``rewards.dtype``
+        (reward units). ``std`` uses Bessel's correction, as TRL does.
+
+    Raises:
+        ValueError: ``rewards`` not 2-D.
+    """
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be [B, G]; got shape {tuple(rewards.shape)}")
+    valid = ~torch.isnan(rewards)
+    r = torch.where(valid, rewards, torch.zeros_like(rewards))
+    count = valid.sum(dim=1, keepdim=True).clamp(min=1)
+    mean = r.sum(dim=1, keepdim=True) / count
+    centered = torch.where(valid, r - mean, torch.zeros_like(r))
+    big = torch.finfo(r.dtype).max
+    hi = torch.where(valid, r, torch.full_like(r, -big)).max(dim=1, keepdim=True).values
+    lo = torch.where(valid, r, torch.full_like(r, big)).min(dim=1, keepdim=True).values
+    centered = torch.where(hi == lo, torch.zeros_like(centered), centered)
+    var = centered.pow(2).sum(dim=1, keepdim=True) / (count - 1).clamp(min=1)
+    return mean, centered, var.sqrt()
+
+
+def group_advantages(rewards: Tensor, scale_rewards: str = "group", eps: float = 1e-4,
+                     batch_std: Tensor | None = None) -> Tensor:
+    """Group-relative advantages (``docs/grpo.md``; TRL ``scale_rewards``).
 
     ``A_k = (r_k - mean(r)) / (std + eps)``, std over the group ("group"), over the whole
     batch ("batch"), or no scaling ("none"). NaN rewards are left out of mean and std and
@@ -70,6 +112,9 @@ def group_advantages(rewards: Tensor, scale_rewards: str = "group", eps: float =
         rewards: ``[B, G]`` float32 rewards (NaN allowed).
         scale_rewards: "group", "batch" or "none".
         eps: Added to the std (TRL uses 1e-4).
+        batch_std: ``[]`` the "batch" std when the batch is larger than ``rewards`` (a
+            policy's prompts split over data-parallel ranks: the std of the whole batch);
+            None = the std of ``rewards``.
 
     Returns:
         ``[B, G]`` float32 advantages, finite everywhere.
@@ -78,25 +123,16 @@ def group_advantages(rewards: Tensor, scale_rewards: str = "group", eps: float =
         ValueError: unknown ``scale_rewards`` or ``rewards`` not 2-D.
     """
     _check_choice("scale_rewards", scale_rewards, SCALE_REWARDS)
-    if rewards.dim() != 2:
-        raise ValueError(f"rewards must be [B, G]; got shape {tuple(rewards.shape)}")
+    _, centered, std = center_groups(rewards)
     valid = ~torch.isnan(rewards)
-    r = torch.where(valid, rewards, torch.zeros_like(rewards))
-    count = valid.sum(dim=1, keepdim=True).clamp(min=1)
-    mean = r.sum(dim=1, keepdim=True) / count
-    centered = torch.where(valid, r - mean, torch.zeros_like(r))
-    # A group whose valid rewards are all equal gets exactly 0 (float32 means of e.g. 0.9 are inexact).
-    big = torch.finfo(r.dtype).max
-    hi = torch.where(valid, r, torch.full_like(r, -big)).max(dim=1, keepdim=True).values
-    lo = torch.where(valid, r, torch.full_like(r, big)).min(dim=1, keepdim=True).values
-    centered = torch.where(hi == lo, torch.zeros_like(centered), centered)
     if scale_rewards == "group":
-        var = centered.pow(2).sum(dim=1, keepdim=True) / (count - 1).clamp(min=1)
-        adv = centered / (var.sqrt() + eps)
+        adv = centered / (std + eps)
+    elif scale_rewards == "batch" and batch_std is not None:
+        adv = centered / (batch_std + eps)
     elif scale_rewards == "batch":
+        r = torch.where(valid, rewards, torch.zeros_like(rewards))
         n = valid.sum().clamp(min=1)
-        flat = torch.where(valid, r, torch.zeros_like(r))
-        bmean = flat.sum() / n
+        bmean = r.sum() / n
         bvar = torch.where(valid, (r - bmean).pow(2), torch.zeros_like(r)).sum() / (n - 1).clamp(min=1)
         adv = centered / (bvar.sqrt() + eps)
     else:
@@ -104,20 +140,39 @@ def group_advantages(rewards: Tensor, scale_rewards: str = "group", eps: float =
     return torch.where(valid, adv, torch.zeros_like(adv))
 
 
-def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """Per-token k3 KL estimator (SPEC 2; Schulman's k3, TRL ``beta``).
+def k3_kl(logp: Tensor, ref_logp: Tensor, log_ratio_clamp: float | None = KL_LOG_RATIO_CLAMP) -> Tensor:
+    """Per-token k3 KL estimator with a bounded log-ratio (``docs/grpo.md``; TRL ``beta``).
 
-    ``KL_t = exp(ref - logp) - (ref - logp) - 1`` (>= 0).
+    ``d = clamp(ref - logp, -c, c)``, ``KL_t = exp(d) - d - 1`` (>= 0), Schulman's k3 as in
+    TRL's GRPO. The bound ``c`` on the log-ratio is verl's ``low_var_kl`` clamp (verl uses
+    20 nats): without it a token the policy gives -120 nats and the reference -0.01
+    overflows float32 (``exp(119.99) = inf``). A token whose log-ratio is past the bound
+    gets the bound's value and no gradient.
 
     Args:
         logp: ``[N, L]`` float32 nats, current policy.
         ref_logp: ``[N, L]`` float32 nats, reference model.
+        log_ratio_clamp: ``c`` in nats, > 0; None = no bound (plain k3, TRL's numbers).
 
     Returns:
-        ``[N, L]`` float32 nats.
+        ``[N, L]`` float32 nats; at most ``exp(c) - c - 1`` (4.85e8 for c = 20).
+
+    Raises:
+        ValueError: ``log_ratio_clamp`` is not None and not > 0.
     """
     delta = ref_logp - logp
+    if log_ratio_clamp is not None:
+        _check_log_ratio_clamp(log_ratio_clamp)
+        delta = torch.clamp(delta, -log_ratio_clamp, log_ratio_clamp)
     return torch.exp(delta) - delta - 1.0
+
+
+def _check_log_ratio_clamp(value: float | None) -> None:
+    if value is not None and not value > 0:
+        raise ValueError(
+            f"kl_log_ratio_clamp={value!r} must be > 0 (a bound in nats on |log pi_ref - log pi_theta|, "
+            f"verl uses {KL_LOG_RATIO_CLAMP}) or None to turn the bound off."
+        )
 
 
 @dataclass
@@ -128,8 +183,12 @@ class PolicyLossOutput:
         loss: scalar, the aggregated loss (already divided by the step's normalizer).
         per_token_loss: ``[N, L]`` float32 before aggregation.
         ratio: ``[N, L]`` importance ratio exp(logp - old_logp).
-        kl: ``[N, L]`` k3 KL in nats, or None when beta == 0.
+        kl: ``[N, L]`` float32 nats, the KL term added to the loss before ``beta``: k3 with
+            the log-ratio bound, times the ratio when ``use_bias_correction_kl`` (what TRL
+            logs as ``kl``); None when beta == 0.
         clipped_low / clipped_high: ``[N, L]`` bool, tokens where the clip was active.
+        kl_clamped: ``[N, L]`` bool, True where the KL log-ratio hit ``kl_log_ratio_clamp``;
+            None when beta == 0.
     """
 
     loss: Tensor
@@ -138,6 +197,7 @@ class PolicyLossOutput:
     kl: Tensor | None
     clipped_low: Tensor
     clipped_high: Tensor
+    kl_clamped: Tensor | None = None
 
 
 def grpo_loss(
@@ -154,11 +214,18 @@ def grpo_loss(
     max_completion_length: int | None = None,
     num_sequences: int | None = None,
     num_tokens: float | None = None,
+    use_bias_correction_kl: bool = True,
+    kl_log_ratio_clamp: float | None = KL_LOG_RATIO_CLAMP,
 ) -> PolicyLossOutput:
-    """Clipped surrogate with optional k3 KL, aggregated by ``loss_type`` (SPEC 2).
+    """Clipped surrogate with optional k3 KL, aggregated by ``loss_type`` (``docs/grpo.md``).
 
-    ``l_t = -min(rho_t A, clip(rho_t, 1 - epsilon, 1 + epsilon_high) A) + beta KL_t``.
-    Aggregation over counted tokens (mask m):
+    ``l_t = -min(rho_t A, clip(rho_t, 1 - epsilon, 1 + epsilon_high) A) + beta KL_t`` with
+    ``rho_t = exp(logp - old_logp)`` and ``KL_t = w_t * k3(clamp(ref - logp, -c, c))``,
+    where ``w_t = rho_t`` (not detached, as TRL's ``use_bias_correction_kl``) or 1. On a
+    token whose log-ratio is past the bound ``c`` the KL term is a constant (``rho_t``
+    detached there): it adds its bounded value and no gradient, since the ratio's gradient
+    alone would push that token's log-prob further down. Aggregation over counted tokens
+    (mask m):
 
     - ``grpo``: mean over each sequence's tokens, then sum / ``num_sequences``
     - ``bnpo`` / ``dapo``: sum over tokens / ``num_tokens``
@@ -177,19 +244,26 @@ def grpo_loss(
         epsilon: Lower clip (TRL ``epsilon``).
         epsilon_high: Upper clip; defaults to ``epsilon`` (TRL ``epsilon_high``).
         beta: KL weight; 0 disables the KL term (TRL ``beta``).
-        ref_logp: ``[N, L]`` reference log-probs; required when ``beta > 0``.
+        ref_logp: ``[N, L]`` float32 nats, reference log-probs; required when ``beta > 0``.
         max_completion_length: Required for ``dr_grpo``.
         num_sequences: Normalizer for grpo / dr_grpo.
         num_tokens: Normalizer for bnpo / dapo.
+        use_bias_correction_kl: Multiply the per-token k3 by ``rho_t`` (TRL 1.16's
+            ``use_bias_correction_kl``, default True there too). On-policy its gradient is
+            then ``beta * (logp - ref)`` per token, linear in the log-ratio.
+        kl_log_ratio_clamp: Bound ``c`` in nats on ``|ref - logp|`` inside k3 (verl's
+            ``low_var_kl`` clamp, 20 there and here); None = unbounded, TRL's numbers.
 
     Returns:
         :class:`PolicyLossOutput`.
 
     Raises:
         ValueError: unknown ``loss_type``; ``beta > 0`` without ``ref_logp``;
-            ``dr_grpo`` without ``max_completion_length``; shape mismatch.
+            ``dr_grpo`` without ``max_completion_length``; shape mismatch;
+            ``kl_log_ratio_clamp`` not > 0.
     """
     _check_choice("loss_type", loss_type, LOSS_TYPES)
+    _check_log_ratio_clamp(kl_log_ratio_clamp)
     if logp.shape != old_logp.shape or logp.shape != completion_mask.shape:
         raise ValueError(
             f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and completion_mask "
@@ -205,16 +279,23 @@ def grpo_loss(
     ratio = torch.exp(logp - old_logp)
     clipped_ratio = torch.clamp(ratio, 1.0 - epsilon, 1.0 + eps_high)
     per_token = -torch.min(ratio * adv, clipped_ratio * adv)
-    kl = None
+    kl = kl_clamped = None
     if beta > 0:
-        kl = k3_kl(logp, ref_logp)
+        kl = k3_kl(logp, ref_logp, kl_log_ratio_clamp)
+        if kl_log_ratio_clamp is None:
+            kl_clamped = torch.zeros_like(completion_mask)
+        else:
+            kl_clamped = (ref_logp - logp).detach().abs() > kl_log_ratio_clamp
+        if use_bias_correction_kl:
+            kl = kl * torch.where(kl_clamped, ratio.detach(), ratio)
         per_token = per_token + beta * kl
 
     loss = aggregate_loss(per_token, completion_mask, loss_type, max_completion_length, num_sequences, num_tokens)
 
     is_low = (ratio < 1.0 - epsilon) & (adv < 0)
     is_high = (ratio > 1.0 + eps_high) & (adv > 0)
-    return PolicyLossOutput(loss, per_token, ratio, kl, is_low & completion_mask, is_high & completion_mask)
+    return PolicyLossOutput(loss, per_token, ratio, kl, is_low & completion_mask, is_high & completion_mask,
+                            None if kl_clamped is None else kl_clamped & completion_mask)
 
 
 def aggregate_loss(
@@ -225,7 +306,7 @@ def aggregate_loss(
     num_sequences: int | None = None,
     num_tokens: float | None = None,
 ) -> Tensor:
-    """Reduce ``[N, L]`` per-token losses to a scalar by ``loss_type`` (SPEC 2; TRL names).
+    """Reduce ``[N, L]`` per-token losses to a scalar by ``loss_type`` (``docs/grpo.md``; TRL names).
 
     ``grpo``: per-sequence mean over counted tokens, summed, / ``num_sequences``;
     ``bnpo`` / ``dapo``: sum / ``num_tokens``; ``dr_grpo``: sum / (``num_sequences`` *

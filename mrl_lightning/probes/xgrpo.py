@@ -1,4 +1,4 @@
-"""XGRPO: Cross-Policy GRPO Advantage Sharing, as pure tensor functions (SPEC 3.3).
+"""XGRPO: Cross-Policy GRPO Advantage Sharing, as pure tensor functions (``docs/probes.md``).
 
 The receiver i trains on its own rollouts only; peers contribute scalars (their groups'
 reward statistics). For prompt x with own rewards R_i(x) (G values) and the union
@@ -6,19 +6,28 @@ U(x) = R_i(x) plus every peer's rewards on x:
 
     b_i(x) = (1 - alpha) * mean(R_i(x)) + alpha * mean(U(x))
     s_i(x) = std(U(x))            scale_source = "union"
-    s_i(x) = std(R_i(x))          scale_source = "own"
+    s_i(x) = std(R_i(x))          scale_source = "own"  (only with alpha = 0, see below)
     A_ik   = (r_ik - b_i(x)) / (s_i(x) + eps)
 
-Choices this module makes (SPEC leaves them open):
+Choices this module makes (the method leaves them open):
 
-- std is Bessel-corrected (``torch.std``'s default, as TRL's GRPO, ``scale_rewards="group"``);
-  eps defaults to TRL's 1e-4. With ``alpha = 0`` and ``scale_source = "own"`` the result is
-  exactly plain GRPO group advantages (r - mean) / (std + eps) (SPEC 2).
+- std is Bessel-corrected (as TRL's GRPO, ``scale_rewards="group"``); eps defaults to
+  TRL's 1e-4.
+- The numerator is computed as ``(1 - alpha) * (r - mean R_i) + alpha * (r - mean U)``
+  with ``r - mean R_i`` taken from :func:`~mrl_lightning.objectives.grpo.center_groups`,
+  the same function plain GRPO uses. So ``alpha = 0`` gives plain GRPO's numerator to the
+  last bit, a group of equal own rewards (0.1, 0.3, 0.7 ...) gets exactly 0 from it, and
+  ``alpha = 0, scale_source = "own"`` (or a prompt without peer data) is exactly plain
+  GRPO. Where the own rewards are all equal to v and ``|v - mean U| <= REWARD_ATOL`` the
+  union term is 0 too: peers that scored the same as the receiver give no signal, not
+  the float rounding of their published means divided by ``eps``.
+- ``scale_source = "own"`` is refused with ``alpha > 0``: on an own group of equal rewards
+  (all fail, all succeed: the groups XGRPO exists for) the own std is 0, so the baseline
+  shift would be divided by eps alone (0.25 / 1e-4 = 2,500).
 - mean(U) pools samples (count-weighted), it is not a mean of per-policy means.
 - Peer statistics may arrive as raw rewards (ragged list or padded tensor with a mask) or
   as group statistics (n, mean, Bessel std) from ``GroupStatsRecord``; both give the same
   union moments (pooled exactly with Chan's formula, in float64).
-- A prompt without peer data gets b = mean(R_i), and s = std(R_i): plain GRPO.
 """
 
 from __future__ import annotations
@@ -29,10 +38,13 @@ import torch
 from torch import Tensor
 
 from mrl_lightning.exchange.records import GroupStatsRecord
+from mrl_lightning.objectives.grpo import center_groups
 
 SCALE_SOURCES = ("union", "own")
-# |A| above this counts as "a signal" for the zero-variance metric (float rounding in b).
-SIGNAL_ATOL = 1e-6
+# Reward units: an own group of equal rewards v whose union mean is within this of v gets
+# no union term. Float32 rounding of means of rewards in [0, 1] is ~1e-7; verifiers'
+# reward steps are far coarser than 1e-6.
+REWARD_ATOL = 1e-6
 
 
 def _check(own_rewards: Tensor, alpha: float, scale_source: str, eps: float) -> None:
@@ -45,10 +57,19 @@ def _check(own_rewards: Tensor, alpha: float, scale_source: str, eps: float) -> 
         problems.append(f"alpha={alpha!r} must be in [0, 1]")
     if scale_source not in SCALE_SOURCES:
         problems.append(f"scale_source={scale_source!r} is not valid; valid: {list(SCALE_SOURCES)}")
+    elif scale_source == "own" and alpha > 0:
+        problems.append(own_scale_problem(alpha))
     if not eps > 0:
         problems.append(f"eps={eps!r} must be > 0")
     if problems:
         raise ValueError("xgrpo: " + "; ".join(problems))
+
+
+def own_scale_problem(alpha: float) -> str:
+    """Why ``scale_source="own"`` is refused with ``alpha > 0``, and the fix (one sentence)."""
+    return (f"scale_source='own' with alpha={alpha!r} > 0 divides the baseline shift by eps alone on an own group "
+            "of equal rewards (own std 0; e.g. 0.25 / 1e-4 = 2500 for an all-fail group whose peers half succeed); "
+            "use scale_source='union', or alpha=0 for plain GRPO")
 
 
 def peer_moments(
@@ -148,40 +169,84 @@ def peer_stats_from_records(
     return count, mean, std
 
 
+def xgrpo_from_moments(
+    own_rewards: Tensor,
+    peer: tuple[Tensor, Tensor, Tensor],
+    alpha: float,
+    scale_source: str = "union",
+    eps: float = 1e-4,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Advantages, baseline b_i(x) and scale s_i(x) from own rewards and peer moments.
+
+    ``A = ((1 - alpha) (r - mean R_i) + alpha (r - mean U)) / (s + eps)`` (``docs/probes.md``),
+    with the exact-zero rules of the module docstring. A prompt without peer data gets
+    plain GRPO: b = mean R_i, s = std R_i, the same numbers as
+    :func:`~mrl_lightning.objectives.grpo.group_advantages`.
+
+    Args:
+        own_rewards: ``[B, G]`` float, the receiver's rewards (finite).
+        peer: ``(n, s1, s2)``, each ``[B]`` float64, from :func:`peer_moments` or
+            :func:`peer_moments_from_stats`.
+        alpha: Weight of the union mean in the baseline, in [0, 1].
+        scale_source: ``"union"`` or ``"own"`` (``"own"`` only with ``alpha = 0``).
+        eps: Added to the scale, > 0.
+
+    Returns:
+        ``(advantages [B, G], baseline [B], scale [B])`` in ``own_rewards.dtype``, reward
+        units for baseline and scale.
+
+    Raises:
+        ValueError: bad shape, non-finite own rewards, ``alpha`` outside [0, 1], unknown
+            ``scale_source``, ``scale_source="own"`` with ``alpha > 0``, ``eps <= 0``.
+    """
+    _check(own_rewards, alpha, scale_source, eps)
+    dtype = own_rewards.dtype
+    own_mean, centered, own_std = center_groups(own_rewards)
+    n_p, s1_p, s2_p = peer
+    has_peer = n_p > 0
+    own64 = own_rewards.double()
+    n = own_rewards.shape[1] + n_p
+    union_mean64 = (own64.sum(1) + s1_p) / n
+    m2 = ((own64 * own64).sum(1) + s2_p - n * union_mean64 * union_mean64).clamp_min(0.0)
+    union_std = (m2 / (n - 1)).sqrt().to(dtype)
+
+    union_term = own64 - union_mean64[:, None]
+    equal_own = (own_rewards == own_rewards[:, :1]).all(dim=1)
+    same_as_peers = equal_own & ((own64[:, 0] - union_mean64).abs() <= REWARD_ATOL)
+    union_term = torch.where(same_as_peers[:, None], torch.zeros_like(union_term), union_term).to(dtype)
+    if alpha == 0:
+        numerator = centered
+    else:
+        numerator = (1.0 - alpha) * centered + alpha * union_term
+    numerator = torch.where(has_peer[:, None], numerator, centered)
+
+    baseline = (1.0 - alpha) * own_mean[:, 0] + alpha * union_mean64.to(dtype)
+    baseline = torch.where(has_peer, baseline, own_mean[:, 0])
+    scale = own_std[:, 0] if scale_source == "own" else torch.where(has_peer, union_std, own_std[:, 0])
+    return numerator / (scale[:, None] + eps), baseline, scale
+
+
 def xgrpo_baseline_scale(
     own_rewards: Tensor,
     peer: tuple[Tensor, Tensor, Tensor],
     alpha: float,
     scale_source: str = "union",
 ) -> tuple[Tensor, Tensor]:
-    """Baseline b_i(x) and scale s_i(x) of SPEC 3.3 from own rewards and peer moments.
+    """Baseline b_i(x) and scale s_i(x) (``docs/probes.md``) from own rewards and peer moments.
 
     Args:
         own_rewards: ``[B, G]`` float, the receiver's rewards.
         peer: ``(n, s1, s2)`` from :func:`peer_moments` or :func:`peer_moments_from_stats`.
         alpha: Weight of the union mean in the baseline, in [0, 1].
-        scale_source: ``"union"`` or ``"own"``.
+        scale_source: ``"union"`` or ``"own"`` (``"own"`` only with ``alpha = 0``).
 
     Returns:
-        ``(b, s)``, each ``[B]`` in ``own_rewards.dtype``.
+        ``(b, s)``, each ``[B]`` in ``own_rewards.dtype``, reward units.
 
     Raises:
-        ValueError: bad shape, non-finite own rewards, ``alpha`` outside [0, 1], unknown
-            ``scale_source``.
+        ValueError: as :func:`xgrpo_from_moments`.
     """
-    _check(own_rewards, alpha, scale_source, 1.0)
-    own_mean = own_rewards.mean(dim=1)
-    own_std = own_rewards.std(dim=1)  # Bessel, as TRL
-    n_p, s1_p, s2_p = peer
-    own64 = own_rewards.double()
-    n = own_rewards.shape[1] + n_p
-    s1 = own64.sum(1) + s1_p
-    union_mean64 = s1 / n
-    m2 = ((own64 * own64).sum(1) + s2_p - n * union_mean64 * union_mean64).clamp_min(0.0)
-    union_std = (m2 / (n - 1)).sqrt().to(own_rewards.dtype)
-    union_mean = union_mean64.to(own_rewards.dtype)
-    baseline = (1.0 - alpha) * own_mean + alpha * union_mean
-    scale = union_std if scale_source == "union" else own_std
+    _, baseline, scale = xgrpo_from_moments(own_rewards, peer, alpha, scale_source)
     return baseline, scale
 
 
@@ -193,14 +258,15 @@ def xgrpo_advantages(
     eps: float = 1e-4,
     peer_mask: Tensor | None = None,
 ) -> Tensor:
-    """XGRPO advantages A_ik = (r_ik - b_i(x)) / (s_i(x) + eps) (SPEC 3.3).
+    """XGRPO advantages A_ik = (r_ik - b_i(x)) / (s_i(x) + eps) (``docs/probes.md``).
 
     Args:
         own_rewards: ``[B, G]`` float, rewards of the receiver's own completions.
         peer_rewards: Peers' rewards per prompt: a list of B tensors ``[G_b]`` (ragged,
             may be empty) or a padded ``[B, M]`` tensor with ``peer_mask``.
         alpha: Weight of the union mean in the baseline, in [0, 1]; 0 = own mean.
-        scale_source: ``"union"`` (std of own + peer rewards) or ``"own"`` (std of own).
+        scale_source: ``"union"`` (std of own + peer rewards) or ``"own"`` (std of own;
+            only with ``alpha = 0``, where it is plain GRPO).
         eps: Added to the scale (TRL's default 1e-4).
         peer_mask: ``[B, M]`` bool, True = present; only with a padded tensor.
 
@@ -208,12 +274,12 @@ def xgrpo_advantages(
         ``[B, G]`` advantages, ``own_rewards.dtype``; no gradient flows to peers.
 
     Raises:
-        ValueError: bad shapes, NaN/inf rewards, ``alpha``/``scale_source``/``eps`` invalid.
+        ValueError: bad shapes, NaN/inf rewards, ``alpha``/``scale_source``/``eps`` invalid,
+            ``scale_source="own"`` with ``alpha > 0``.
     """
     _check(own_rewards, alpha, scale_source, eps)
     peer = peer_moments(peer_rewards, own_rewards.shape[0], peer_mask)
-    baseline, scale = xgrpo_baseline_scale(own_rewards, peer, alpha, scale_source)
-    return (own_rewards - baseline[:, None]) / (scale[:, None] + eps)
+    return xgrpo_from_moments(own_rewards, peer, alpha, scale_source, eps)[0]
 
 
 def xgrpo_advantages_from_stats(
@@ -235,28 +301,29 @@ def xgrpo_advantages_from_stats(
     if peer_count.shape[0] != own_rewards.shape[0]:
         raise ValueError(f"peer_count has {peer_count.shape[0]} rows, expected B={own_rewards.shape[0]}")
     peer = peer_moments_from_stats(peer_count, peer_mean, peer_std)
-    baseline, scale = xgrpo_baseline_scale(own_rewards, peer, alpha, scale_source)
-    return (own_rewards - baseline[:, None]) / (scale[:, None] + eps)
+    return xgrpo_from_moments(own_rewards, peer, alpha, scale_source, eps)[0]
 
 
 def xgrpo_metrics(own_rewards: Tensor, advantages: Tensor, baseline: Tensor, peer_count: Tensor) -> dict[str, float]:
-    """What XGRPO did to one batch, under ``probe/`` (SPEC 3.3 "Logged").
+    """What XGRPO did to one batch, under ``probe/`` (``docs/probes.md``).
 
     Args:
         own_rewards: ``[B, G]`` own rewards.
         advantages: ``[B, G]`` XGRPO advantages.
-        baseline: ``[B]`` b_i(x) (from :func:`xgrpo_baseline_scale`).
+        baseline: ``[B]`` b_i(x) (from :func:`xgrpo_from_moments`).
         peer_count: ``[B]`` number of peer rewards per prompt (``peer_moments(...)[0]``).
 
     Returns:
         ``probe/xgrpo_baseline_shift`` (mean over prompts of |b_i - mean R_i|, reward units),
         ``probe/xgrpo_baseline_shift_max``, ``probe/xgrpo_zero_var_groups`` (own groups with
-        all rewards equal), ``probe/xgrpo_zero_var_signal_share`` (share of those with some
-        |A| > 1e-6; 0 when there are none), ``probe/xgrpo_prompts_with_peers``.
+        all rewards equal), ``probe/xgrpo_zero_var_signal_share`` (share of those given a
+        non-zero advantage; XGRPO gives such a group exactly 0 unless its baseline moved by
+        more than float rounding; 0 when there are none), ``probe/xgrpo_prompts_with_peers``.
     """
-    shift = (baseline - own_rewards.mean(dim=1)).abs()
+    own_mean = center_groups(own_rewards)[0][:, 0]
+    shift = (baseline - own_mean).abs()
     zero_var = (own_rewards == own_rewards[:, :1]).all(dim=1)
-    signal = (advantages.abs() > SIGNAL_ATOL).any(dim=1)
+    signal = (advantages != 0).any(dim=1)
     n_zero = int(zero_var.sum())
     return {
         "probe/xgrpo_baseline_shift": float(shift.mean()) if shift.numel() else 0.0,

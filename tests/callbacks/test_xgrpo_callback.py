@@ -1,4 +1,4 @@
-"""CrossPolicyAdvantage callback (SPEC 3.3): hand-computed advantages from a hand-made exchange."""
+"""CrossPolicyAdvantage callback (docs/probes.md): hand-computed advantages from a hand-made exchange."""
 
 from __future__ import annotations
 
@@ -89,6 +89,34 @@ def test_alpha_zero_with_own_scale_equals_plain_grpo():
     mixed = [[1.0, 0.0, 1.0, 0.0], [0.5, 0.0, 1.0, 1.0], [0.0, 0.25, 0.0, 0.0]]
     batch = run(CrossPolicyAdvantage(alpha=0.0, scale_source="own"), mixed, RECORDS)
     torch.testing.assert_close(batch.advantages, group_advantages(torch.tensor(mixed), "group"), rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("scale_source", ["union", "own"])
+def test_alpha_zero_equals_plain_grpo_exactly_on_non_binary_rewards(scale_source):
+    # Groups of eight equal rewards 0.1 / 0.3 / 0.7 (peer b has varied groups on all three prompts):
+    # plain GRPO gives exactly 0, and so must XGRPO with alpha 0; none of them is a "signal".
+    own = [[0.1] * 8, [0.3] * 8, [0.7] * 8]
+    records = [stats(pid, "b", 3, [0.0, 1.0, 0.5, 0.5]) for pid in PROMPTS]
+    batch = run(CrossPolicyAdvantage(alpha=0.0, scale_source=scale_source), own, records)
+    assert torch.equal(batch.advantages, torch.zeros(3, 8))
+    assert torch.equal(batch.advantages, group_advantages(torch.tensor(own), "group"))
+    assert batch.metrics["probe/xgrpo/a/zero_var_groups"] == 3.0
+    assert batch.metrics["probe/xgrpo/a/zero_var_signal_share"] == 0.0
+    assert batch.metrics["probe/xgrpo/a/baseline_shift"] == 0.0
+
+
+def test_alpha_zero_own_scale_is_bit_identical_to_plain_grpo_on_mixed_rewards():
+    own = [[0.1, 0.3, 0.7, 0.1], [0.4, 0.4, 0.4, 1.0], [0.7, 0.7, 0.7, 0.7]]
+    batch = run(CrossPolicyAdvantage(alpha=0.0, scale_source="own"), own, RECORDS)
+    assert torch.equal(batch.advantages, group_advantages(torch.tensor(own), "group"))
+
+
+def test_own_scale_with_positive_alpha_is_refused_at_construction():
+    with pytest.raises(ConfigError) as err:
+        CrossPolicyAdvantage(alpha=0.5, scale_source="own")
+    text = str(err.value)
+    assert "scale_source='own' with alpha=0.5" in text and "scale_source='union'" in text
+    CrossPolicyAdvantage(alpha=0.0, scale_source="own")  # plain GRPO: allowed
 
 
 def test_nan_own_reward_row_keeps_plain_grpo_advantages():

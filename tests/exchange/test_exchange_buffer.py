@@ -1,4 +1,4 @@
-"""SEE buffer (SPEC 5): dedup, retention, subscriptions, concurrency, resume."""
+"""SEE buffer (docs/see.md): dedup, retention, subscriptions, concurrency, resume."""
 
 from __future__ import annotations
 
@@ -60,13 +60,53 @@ def test_records_differing_in_one_field_are_both_kept():
     assert ex.publish([stats(mean=0.5), stats(mean=0.25), stats(step=1)]) == 3
 
 
-def test_success_with_same_prompt_source_text_keeps_the_earliest():
+def test_repeated_success_refreshes_the_held_record_newest_step_wins():
     ex = ExperienceExchange()
     first = success(step=0)
     later = success(step=3)  # differs only in step: same (prompt, source, text)
     other_source = success(source="b", step=3)
-    assert ex.publish([first, later, other_source]) == 2
-    assert ex.query(SuccessRecord) == [first, other_source]
+    assert ex.publish([first, later, other_source]) == 3  # `later` is accepted and replaces `first`
+    assert ex.query(SuccessRecord) == [later, other_source]
+    assert ex.publish([success(step=1)]) == 0  # older than the held step 3: dropped
+    assert ex.query(SuccessRecord) == [later, other_source]
+    m = ex.metrics()
+    assert m["exchange/successes_refreshed"] == 1.0 and m["exchange/duplicates_dropped"] == 1.0
+    assert m["exchange/success_held"] == 2.0 and m["exchange/records_held"] == 2.0
+
+
+def test_success_solved_again_at_step_20_survives_a_staleness_window_of_2():
+    # A peer solves add/7 at step 1 and again (same text) at step 20. The loop publishes a step's
+    # records, then advances: with max_staleness 2, advance(20) keeps steps >= 18. The step-20
+    # success must be held (it used to be dropped as a duplicate of the step-1 one, which advance
+    # then evicted, leaving nothing).
+    ex = ExperienceExchange(max_staleness=2)
+    ex.publish([success("add/7", "b", 1, " 46")])
+    ex.advance(1)
+    ex.publish([success("add/7", "b", 20, " 46")])
+    ex.advance(20)
+    assert ex.query(SuccessRecord) == [success("add/7", "b", 20, " 46")]
+    assert ex.query(SuccessRecord, receiver="a", step=20) == [success("add/7", "b", 20, " 46")]
+    assert ex.metrics()["exchange/evicted_stale"] == 0.0  # the step-1 record was replaced, not evicted
+
+
+def test_refreshed_success_is_polled_again_and_resumes_identically():
+    ex = ExperienceExchange(max_staleness=5)
+    ex.subscribe("a", [SuccessRecord])
+    ex.publish([success(source="b", step=1)])
+    assert ex.poll("a") == [success(source="b", step=1)]
+    ex.publish([success(source="b", step=4)])
+    state = ex.state_dict()
+    resumed = ExperienceExchange(max_staleness=5)
+    resumed.load_state_dict(state)
+    for e in (ex, resumed):
+        assert e.poll("a") == [success(source="b", step=4)]
+        assert e.publish([success(source="b", step=2)]) == 0  # older than held: dropped after resume too
+        assert e.publish([success(source="b", step=9)]) == 1
+        e.advance(9)
+        assert e.query(SuccessRecord) == [success(source="b", step=9)]
+    assert resumed.metrics() == ex.metrics()
+    assert resumed.state_dict() == ex.state_dict()
+    assert ex.metrics()["exchange/successes_refreshed"] == 2.0
 
 
 def test_query_excludes_own_records_unless_asked():

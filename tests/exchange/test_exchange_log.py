@@ -1,4 +1,4 @@
-"""SEE append-only log (SPEC 5): audit and replay, torn writes, formats."""
+"""SEE append-only log (docs/see.md): audit and replay, torn writes, formats."""
 
 from __future__ import annotations
 
@@ -43,6 +43,22 @@ def test_replaying_log_rebuilds_the_same_exchange(tmp_path):
     replay.publish(read_log(str(path)))
     for rtype in (RolloutRecord, GroupStatsRecord, SuccessRecord):
         assert [record_key(r) for r in replay.query(rtype)] == [record_key(r) for r in ex.query(rtype)]
+
+
+def test_log_keeps_every_refresh_and_replays_to_the_same_held_success(tmp_path):
+    path = tmp_path / "see.jsonl"
+    ex = ExperienceExchange(log_path=str(path), max_staleness=2)
+    old = SuccessRecord("add/7", "b", 1, " 46", 1.0, "exact", "1")
+    new = SuccessRecord("add/7", "b", 20, " 46", 1.0, "exact", "1")
+    ex.publish([old])
+    ex.publish([new, old])  # `old` again: older than the held step-20 record, dropped and not logged
+    ex.advance(20)
+    # The log is append-only: both accepted records are there, in publication order.
+    assert [r.step for r in read_log(str(path))] == [1, 20]
+    replay = ExperienceExchange(max_staleness=2)
+    replay.publish(read_log(str(path)))
+    replay.advance(20)
+    assert replay.query(SuccessRecord) == ex.query(SuccessRecord) == [new]
 
 
 def test_torn_last_line_is_skipped_and_cut_before_next_append(tmp_path):

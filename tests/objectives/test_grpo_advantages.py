@@ -1,4 +1,4 @@
-"""Group advantages and reward combination (SPEC 2; TRL GRPOConfig ``scale_rewards``).
+"""Group advantages and reward combination (docs/grpo.md; TRL GRPOConfig ``scale_rewards``).
 
 TRL 1.16 (grpo_trainer): ``mean`` per group; ``std`` per group ("group") or over the
 whole batch ("batch"), both with Bessel's correction (``Tensor.std``); advantages
@@ -140,8 +140,9 @@ def test_unscored_completion_gives_finite_loss_and_no_gradient_on_its_row():
     out.loss.backward()
     assert torch.isfinite(out.loss) and torch.isfinite(logp.grad).all()
     # With A = 0 the surrogate adds nothing; only the KL term (same for every row) moves row 2.
-    # d/d logp of beta * (exp(ref - logp) - (ref - logp) - 1) / 24 = 0.1 * (1 - exp(-0.2)) / 24
-    kl_grad = 0.1 * (1 - math.exp(-0.2)) / 24
+    # Default use_bias_correction_kl: KL = rho * k3(d), d = ref - logp = -0.2, rho = 1 on-policy;
+    # d/d logp = rho * k3 + rho * (1 - exp(d)) = -d = 0.2, so the gradient is 0.1 * 0.2 / 24.
+    kl_grad = 0.1 * 0.2 / 24
     torch.testing.assert_close(logp.grad[2], torch.full((3,), kl_grad), rtol=0, atol=1e-7)
     assert (logp.grad[0] != logp.grad[2]).all()
 

@@ -1,4 +1,4 @@
-"""GRPO clipped surrogate, k3 KL and loss_type aggregation (SPEC 2), values worked out by hand.
+"""GRPO clipped surrogate, k3 KL and loss_type aggregation (docs/grpo.md), values worked out by hand.
 
 The running example is N = 2 sequences x L = 3 tokens with epsilon = 0.2 and
 epsilon_high = 0.28, so the ratio is clipped to [0.8, 1.28]:
@@ -104,7 +104,7 @@ def test_per_token_advantages_broadcast_like_per_sequence_ones():
 
 
 def test_k3_kl_by_hand():
-    # KL_t = exp(d) - d - 1 with d = ref - logp (SPEC 2):
+    # KL_t = exp(d) - d - 1 with d = ref - logp:
     #   d = ln 0.25 - ln 0.5 = -ln 2: 0.5 + ln 2 - 1 = 0.1931472
     #   d = 0 - ln 0.5       = +ln 2: 2 - ln 2 - 1   = 0.3068528
     #   d = 0:                          1 - 0 - 1    = 0
@@ -131,7 +131,9 @@ def test_k3_kl_by_hand():
 def test_beta_weighted_k3_kl_adds_to_the_surrogate(loss_type, expected):
     logp = _logp()
     ref = logp.detach() + torch.tensor([[LN2], [-LN2]])
-    out = grpo_loss(logp, OLD, ADV, MASK, loss_type=loss_type, beta=0.1, ref_logp=ref, max_completion_length=4, **CLIP)
+    # Plain k3 (the ratio-weighted default is worked out in test_grpo_kl_safety.py).
+    out = grpo_loss(logp, OLD, ADV, MASK, loss_type=loss_type, beta=0.1, ref_logp=ref, max_completion_length=4,
+                    use_bias_correction_kl=False, **CLIP)
     assert float(out.loss.detach()) == pytest.approx(expected, abs=1e-6)
     torch.testing.assert_close(
         out.kl.detach(), torch.tensor([[1 - LN2] * 3, [LN2 - 0.5] * 3]), rtol=0, atol=1e-6

@@ -1,4 +1,4 @@
-"""PolicyModule's GRPO settings are validated at construction (issue 2, STYLE "Errors").
+"""PolicyModule's GRPO settings are validated at construction (errors name the field, the value and the fix).
 
 A bad value stops with a ConfigError that names the field and the value received, every
 problem at once, and before any model is built.
@@ -111,3 +111,16 @@ def test_several_problems_are_reported_at_once(folders):
         assert fragment in message, fragment
     # One bullet per problem.
     assert message.count("\n  - ") == 6
+
+
+def test_kl_safety_options_default_to_trl_bias_correction_and_a_20_nat_bound(folders):
+    policy = _make(folders)
+    assert policy.use_bias_correction_kl is True
+    assert policy.kl_log_ratio_clamp == 20.0
+    assert _make(folders, kl_log_ratio_clamp=None, use_bias_correction_kl=False).kl_log_ratio_clamp is None
+
+
+@pytest.mark.parametrize("value", [0.0, -5.0])
+def test_non_positive_kl_log_ratio_clamp_is_rejected_with_the_fix(folders, value):
+    with pytest.raises(ConfigError, match=rf"kl_log_ratio_clamp={value} must be > 0.*or null"):
+        _make(folders, kl_log_ratio_clamp=value)

@@ -1,4 +1,4 @@
-"""XGRPO advantages (SPEC 3.3): hand-computed values and the plain-GRPO reduction."""
+"""XGRPO advantages (docs/probes.md): hand-computed values and the plain-GRPO reduction."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from mrl_lightning.exchange import GroupStatsRecord
+from mrl_lightning.objectives.grpo import group_advantages
 from mrl_lightning.probes.xgrpo import (
     peer_moments,
     peer_stats_from_records,
@@ -21,7 +22,7 @@ EPS = 1e-4
 
 
 def grpo_group_advantages(rewards: torch.Tensor, eps: float = EPS) -> torch.Tensor:
-    """Plain GRPO, SPEC 2 scale_rewards="group": (r - mean) / (std + eps), Bessel std as TRL."""
+    """Plain GRPO, scale_rewards="group": (r - mean) / (std + eps), Bessel std as TRL."""
     return (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + eps)
 
 
@@ -46,10 +47,44 @@ def test_all_succeed_group_gets_positive_advantage_when_peers_fail():
     torch.testing.assert_close(adv, torch.full((1, 4), 0.25 / (math.sqrt(2 / 7) + EPS)), rtol=0, atol=1e-6)
 
 
-def test_own_scale_on_zero_variance_group_divides_by_eps():
-    # scale_source="own": s = std(0, 0, 0, 0) = 0, so A = -0.25 / 1e-4 = -2500 (why "union" is the default).
-    adv = xgrpo_advantages(torch.zeros(1, 4), [torch.ones(4)], alpha=0.5, scale_source="own")
-    torch.testing.assert_close(adv, torch.full((1, 4), -2500.0), rtol=1e-5, atol=0)
+def test_own_scale_with_positive_alpha_is_refused_naming_the_fix():
+    # scale_source="own" on an all-fail group: s = std(0, 0, 0, 0) = 0, so with alpha 0.5 and a
+    # succeeding peer the advantage would be -0.25 / 1e-4 = -2500. The combination is refused.
+    with pytest.raises(ValueError) as err:
+        xgrpo_advantages(torch.zeros(1, 4), [torch.ones(4)], alpha=0.5, scale_source="own")
+    msg = str(err.value)
+    assert "scale_source='own' with alpha=0.5" in msg and "2500" in msg
+    assert "scale_source='union'" in msg and "alpha=0" in msg
+    with pytest.raises(ValueError, match="scale_source='own' with alpha=1.0"):
+        xgrpo_baseline_scale(torch.zeros(1, 4), peer_moments([torch.ones(4)], 1), alpha=1.0, scale_source="own")
+
+
+@pytest.mark.parametrize("scale_source", ["union", "own"])
+def test_alpha_zero_gives_exactly_zero_on_equal_non_binary_groups(scale_source):
+    # Eight equal rewards: r - mean is 0 by definition; float32 means of 0.1 / 0.3 / 0.7 are inexact
+    # and used to give -7.5e-5 / 3e-4 / 6e-4 once divided by (std + 1e-4). Row 3 has spread.
+    own = torch.tensor([[0.1] * 8, [0.3] * 8, [0.7] * 8, [0.1, 0.3, 0.7, 0.1, 0.3, 0.7, 0.1, 0.3]])
+    for peers in ([torch.empty(0)] * 4, [torch.tensor([0.0, 1.0, 0.5])] * 4):
+        adv = xgrpo_advantages(own, peers, alpha=0.0, scale_source=scale_source)
+        assert torch.equal(adv[:3], torch.zeros(3, 8))
+        assert (adv[3] != 0).all()
+        # Without peers, either scale is plain GRPO bit for bit (the trainer's group_advantages).
+        if peers[0].numel() == 0 or scale_source == "own":
+            assert torch.equal(adv, group_advantages(own, "group"))
+
+
+@pytest.mark.parametrize("value", [0.3, 0.7])
+def test_equal_group_whose_peers_scored_the_same_gets_exactly_zero_for_any_alpha(value):
+    # Own group all `value`; one peer group of 8 x `value` published as (n, float32 mean, std 0);
+    # the float32 mean of eight 0.3s (or 0.7s) is not the float32 value itself. The union is
+    # sixteen equal rewards: r - mean U = 0 and r - mean R_i = 0, so A = 0 for every alpha.
+    own = torch.full((1, 8), value)
+    published_mean = float(torch.full((8,), value).mean())
+    assert published_mean != float(torch.tensor(value))
+    for alpha in (0.25, 1.0):
+        adv = xgrpo_advantages_from_stats(own, torch.tensor([[8.0]]), torch.tensor([[published_mean]]),
+                                          torch.tensor([[0.0]]), alpha=alpha)
+        assert torch.equal(adv, torch.zeros(1, 8))
 
 
 def test_alpha_one_uses_union_mean_and_std_by_hand():
@@ -119,6 +154,26 @@ def test_metrics_report_baseline_shift_and_rescued_zero_variance_share():
     assert m["probe/xgrpo_zero_var_groups"] == 2.0
     assert m["probe/xgrpo_zero_var_signal_share"] == 0.5
     assert m["probe/xgrpo_prompts_with_peers"] == 2.0
+
+
+def test_zero_var_signal_share_does_not_count_float_rounding():
+    # Three equal non-binary groups with varied peers, alpha 0: b = own mean, every advantage is 0.
+    own = torch.tensor([[0.1] * 8, [0.3] * 8, [0.7] * 8])
+    peers = [torch.tensor([0.0, 1.0])] * 3
+    peer = peer_moments(peers, 3)
+    adv = xgrpo_advantages(own, peers, alpha=0.0)
+    baseline, _ = xgrpo_baseline_scale(own, peer, alpha=0.0)
+    m = xgrpo_metrics(own, adv, baseline, peer[0])
+    assert m["probe/xgrpo_zero_var_groups"] == 3.0
+    assert m["probe/xgrpo_zero_var_signal_share"] == 0.0
+    assert m["probe/xgrpo_baseline_shift"] == 0.0
+    # alpha 0.5: union of eight 0.1s and [0, 1] has mean (0.8 + 1) / 10 = 0.18, a real shift of
+    # 0.5 * (0.18 - 0.1) = 0.04 for row 0: every group now gets a signal.
+    adv = xgrpo_advantages(own, peers, alpha=0.5)
+    baseline, _ = xgrpo_baseline_scale(own, peer, alpha=0.5)
+    m = xgrpo_metrics(own, adv, baseline, peer[0])
+    assert m["probe/xgrpo_zero_var_signal_share"] == 1.0
+    assert baseline[0].item() == pytest.approx(0.14, abs=1e-6)
 
 
 def test_invalid_arguments_are_all_reported():

@@ -1,0 +1,137 @@
+"""SuccessGatedTransfer callback (docs/probes.md): repeated successes, the later-solved share, rank merging.
+
+Every case is a few steps on a hand-made exchange; expected values are counted by hand.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mrl_lightning.batch import TrainBatch
+from mrl_lightning.callbacks.sgt import SuccessGatedTransfer
+from mrl_lightning.data.items import PromptItem
+from mrl_lightning.exchange import SuccessRecord
+from mrl_lightning.exchange.buffer import ExperienceExchange
+
+SHARE = "probe/sgt/me/rescued_later_solved_share"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from mrl_lightning.recipes.tokenizers import train_char_level
+
+    return train_char_level(["Calculate 12 + 34.\nAnswer: 46", "What is 7 - 5?"], tmp_path_factory.mktemp("sgt_cb"))
+
+
+def _success(pid: str, step: int, text: str = " 46", source: str = "peer") -> SuccessRecord:
+    return SuccessRecord(prompt_id=pid, source=source, step=step, completion_text=text, reward=1.0,
+                         verifier="rg_exact", verifier_version="test")
+
+
+def _compose(probe, exchange, tokenizer, step: int, own: dict[str, bool]) -> dict[str, float]:
+    """One on_compose_batch for receiver "me" at ``step``; ``own[pid]`` = it solved pid itself."""
+    trainer = SimpleNamespace(exchange=exchange, rollout_step=step)
+    policy = SimpleNamespace(policy_name="me", tokenizer=tokenizer, max_prompt_length=64)
+    items = [PromptItem(pid, "q", "a", "add", {}) for pid in own]
+    success = torch.tensor([[solved, False] for solved in own.values()])
+    scored = SimpleNamespace(items=items, success=success, prompt_texts=["12 + 34?\nAnswer:"] * len(items))
+    batch = TrainBatch(scored=scored, advantages=torch.zeros(len(items), 2))
+    probe.on_compose_batch(trainer, None, policy, batch)
+    return batch.metrics
+
+
+def test_success_repeated_at_step_20_is_transferred_with_a_5_step_window(tokenizer):
+    # The peer solved add/7 at step 1 and again, same text, at step 20. With SGT's max_staleness 5
+    # only records of steps >= 15 count at step 20: the step-20 record must be held.
+    exchange = ExperienceExchange()
+    exchange.publish([_success("add/7", 1)])
+    exchange.publish([_success("add/7", 20)])
+    metrics = _compose(SuccessGatedTransfer(max_staleness=5), exchange, tokenizer, 20, {"add/7": False})
+    assert metrics["probe/sgt/me/rescue_set_size"] == 1.0
+    assert metrics["probe/sgt/me/transfers"] == 1.0
+
+
+def test_success_repeated_at_step_20_is_transferred_under_the_exchange_window_of_2(tokenizer):
+    # The loop publishes step 20's records, then advances the exchange (max_staleness 2).
+    exchange = ExperienceExchange(max_staleness=2)
+    exchange.publish([_success("add/7", 1)])
+    exchange.publish([_success("add/7", 20)])
+    exchange.advance(20)
+    metrics = _compose(SuccessGatedTransfer(), exchange, tokenizer, 20, {"add/7": False})
+    assert metrics["probe/sgt/me/transfers"] == 1.0
+
+
+def test_later_solved_share_counts_only_rescued_prompts_seen_again(tokenizer):
+    exchange = ExperienceExchange()
+    exchange.publish([_success(pid, 1) for pid in ("A", "B", "C")])
+    probe = SuccessGatedTransfer()
+    # Step 1: A and B rescued. Nothing rescued was seen again yet: no value, so no tag.
+    m1 = _compose(probe, exchange, tokenizer, 1, {"A": False, "B": False})
+    assert m1["probe/sgt/me/rescue_set_size"] == 2.0 and SHARE not in m1
+    # Step 2: C rescued. Still no rescued prompt seen again.
+    m2 = _compose(probe, exchange, tokenizer, 2, {"C": False})
+    assert SHARE not in m2
+    # Step 3: A seen again and solved on-policy. Seen again: {A}; solved: {A} -> 1 / 1 = 1.0
+    # (dividing by all rescued prompts {A, B, C} would give 1/3).
+    m3 = _compose(probe, exchange, tokenizer, 3, {"A": True})
+    assert m3[SHARE] == 1.0
+    # Step 4: B seen again, still unsolved (and rescued again). Seen again {A, B}, solved {A}: 0.5.
+    m4 = _compose(probe, exchange, tokenizer, 4, {"B": False})
+    assert m4[SHARE] == 0.5
+    assert probe.state_dict() == {"rescued": {"me": ["A", "B", "C"]}, "seen_after_rescue": {"me": ["A", "B"]},
+                                  "solved_after_rescue": {"me": ["A"]}}
+
+
+def test_a_prompt_solved_before_any_rescue_is_not_counted(tokenizer):
+    exchange = ExperienceExchange()
+    exchange.publish([_success("A", 1)])
+    probe = SuccessGatedTransfer()
+    m1 = _compose(probe, exchange, tokenizer, 1, {"A": True})  # solved by itself: not rescued
+    m2 = _compose(probe, exchange, tokenizer, 2, {"A": True})
+    assert SHARE not in m1 and SHARE not in m2
+    assert probe.state_dict()["rescued"] == {"me": []}
+
+
+def test_state_round_trip_keeps_the_share(tokenizer):
+    exchange = ExperienceExchange()
+    exchange.publish([_success(pid, 1) for pid in ("A", "B")])
+    probe = SuccessGatedTransfer()
+    _compose(probe, exchange, tokenizer, 1, {"A": False, "B": False})
+    _compose(probe, exchange, tokenizer, 2, {"A": True})
+    resumed = SuccessGatedTransfer()
+    resumed.load_state_dict(probe.state_dict())
+    # Step 3: B seen again, unsolved: seen {A, B}, solved {A} -> 0.5 in both.
+    assert _compose(resumed, exchange, tokenizer, 3, {"B": False})[SHARE] == 0.5
+    assert _compose(probe, exchange, tokenizer, 3, {"B": False})[SHARE] == 0.5
+
+
+def test_merge_rank_states_takes_the_union_per_policy():
+    # Worker 0 runs policy "a" on prompts A, B; worker 1 runs "a" on C and all of policy "b".
+    w0 = {"rescued": {"a": ["A", "B"]}, "seen_after_rescue": {"a": ["A"]}, "solved_after_rescue": {"a": ["A"]}}
+    w1 = {"rescued": {"a": ["C", "A"], "b": ["X"]}, "seen_after_rescue": {"a": ["C"], "b": ["X"]},
+          "solved_after_rescue": {"a": [], "b": ["X"]}}
+    probe = SuccessGatedTransfer()
+    merged = probe.merge_rank_states([w0, w1])
+    assert merged == {
+        "rescued": {"a": ["A", "B", "C"], "b": ["X"]},
+        "seen_after_rescue": {"a": ["A", "C"], "b": ["X"]},
+        "solved_after_rescue": {"a": ["A"], "b": ["X"]},
+    }
+    assert w0["rescued"] == {"a": ["A", "B"]}  # inputs untouched
+    probe.load_state_dict(merged)
+    assert probe.rescued == {"a": {"A", "B", "C"}, "b": {"X"}}
+    # One worker's state merges to itself.
+    assert probe.merge_rank_states([w0]) == w0
+
+
+def test_merge_rank_states_reads_old_states_and_rejects_bad_input():
+    old = {"rescued": {"a": ["A", "B"]}, "solved_after_rescue": {"a": ["B"]}}  # no seen_after_rescue
+    probe = SuccessGatedTransfer()
+    assert probe.merge_rank_states([old])["seen_after_rescue"] == {"a": ["B"]}
+    with pytest.raises(ValueError, match=r"states=\[\] is empty"):
+        probe.merge_rank_states([])
+    with pytest.raises(ValueError, match=r"states\[1\] has no \['rescued'\]"):
+        probe.merge_rank_states([old, {"solved_after_rescue": {}}])
