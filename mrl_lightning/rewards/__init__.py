@@ -5,6 +5,7 @@ from mrl_lightning.rewards.reasoning_gym import ReasoningGymAccuracy, extract_an
 
 __all__ = ["ReasoningGymAccuracy", "RewardFunction", "extract_answer"]
 
-from mrl_lightning.rewards.math_verify import MathVerifyReward, extract_final_answer
+from mrl_lightning.rewards.answers import answers_match, parse_final_answer, parse_reference
+from mrl_lightning.rewards.math_verify import MathVerifyReward
 
-__all__ += ["MathVerifyReward", "extract_final_answer"]
+__all__ += ["MathVerifyReward", "answers_match", "parse_final_answer", "parse_reference"]

@@ -1,0 +1,106 @@
+"""Prompts of instruction models, rendered by the tokenizer's own chat template.
+
+An instruction-tuned model expects its prompt in the exact format it was tuned on
+(role headers, special tokens, the assistant header it answers after). The tokenizer
+ships that format as a Jinja chat template; :func:`render_chat_prompt` renders one user
+turn (after an optional system turn) with ``apply_chat_template(...,
+add_generation_prompt=True)``, as TRL's trainers do for conversational data. Base models
+keep the hand-written ``str.format`` template of the policy.
+
+Beginning of sequence. Most templates that need a BOS token emit it themselves
+(``{{ bos_token }}``), and many tokenizers also add one when encoding text; encoding the
+rendered text the usual way then gives two. :func:`encode_rendered` encodes without the
+tokenizer's special tokens (as TRL does for rendered prompts) and puts exactly one BOS in
+front when the tokenizer's own convention has one and the text did not bring it, so the
+ids start with one BOS whether the template, the tokenizer, both or neither add it.
+"""
+
+from __future__ import annotations
+
+from mrl_lightning.errors import ConfigError
+
+
+def chat_template_errors(where: str, tokenizer) -> list[str]:
+    """Problems that stop ``tokenizer`` from rendering chat prompts (for config checks).
+
+    Args:
+        where: Prefix naming the config entry, e.g. ``"policy 'qwen'"``.
+        tokenizer: A Hugging Face tokenizer.
+
+    Returns:
+        Error messages (empty when the tokenizer has a chat template).
+    """
+    if getattr(tokenizer, "chat_template", None):
+        return []
+    name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+    return [f"{where}: chat_template=true but tokenizer {name!r} has no chat template. Use the tokenizer of an "
+            "instruction-tuned model (tokenizer: <its folder or hub id>), or set chat_template: false and write "
+            "the format in prompt_template."]
+
+
+def render_chat_prompt(tokenizer, user_message: str, system_prompt: str | None = None) -> str:
+    """The prompt text of one user turn in the tokenizer's chat format, ready for the answer.
+
+    Args:
+        tokenizer: A Hugging Face tokenizer with a ``chat_template``.
+        user_message: Content of the user turn (the question, possibly in the policy's
+            ``prompt_template``).
+        system_prompt: Content of a system turn before it; None or "" = no system turn.
+
+    Returns:
+        ``apply_chat_template(messages, tokenize=False, add_generation_prompt=True)``:
+        the rendered text, ending with the assistant header the model answers after.
+
+    Raises:
+        ConfigError: the tokenizer has no chat template.
+    """
+    errors = chat_template_errors("render_chat_prompt", tokenizer)
+    if errors:
+        raise ConfigError(errors[0])
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages.append({"role": "user", "content": user_message})
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def tokenizer_adds_bos(tokenizer) -> bool:
+    """True when the tokenizer's plain encode puts its BOS token first."""
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        return False
+    ids = tokenizer("x", add_special_tokens=True)["input_ids"]
+    return bool(ids) and ids[0] == bos
+
+
+def encode_rendered(tokenizer, texts: list[str], max_len: int) -> list[list[int]]:
+    """Token ids of rendered prompts with at most one BOS, left-truncated to ``max_len``.
+
+    Texts are encoded with ``add_special_tokens=False`` (special tokens written in the
+    text, such as a template's role markers, are still read as single tokens). When the
+    tokenizer normally starts a sequence with BOS and a text did not bring its own, one is
+    put in front. Truncation keeps the end of the prompt (the question and the assistant
+    header) and, when the ids start with BOS, keeps that BOS first.
+
+    Args:
+        tokenizer: A Hugging Face tokenizer.
+        texts: B rendered prompts.
+        max_len: Most tokens per prompt, >= 2.
+
+    Returns:
+        B lists of token ids.
+
+    Raises:
+        ValueError: ``max_len`` < 2.
+    """
+    if max_len < 2:
+        raise ValueError(f"max_len={max_len} must be >= 2 (a BOS and at least one prompt token); "
+                         "raise max_prompt_length.")
+    ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    bos = tokenizer.bos_token_id
+    if tokenizer_adds_bos(tokenizer):
+        ids = [x if x[:1] == [bos] else [bos] + x for x in ids]
+    out = []
+    for x in ids:
+        if len(x) > max_len:
+            x = [bos] + x[-(max_len - 1):] if bos is not None and x[0] == bos else x[-max_len:]
+        out.append(x)
+    return out
