@@ -1,4 +1,4 @@
-"""What one policy trains on in one step, and the hook payloads (SPEC 1 steps 3-6).
+"""What one policy trains on in one step, and the hook payloads (docs/loop.md).
 
 Shapes: B prompts, G completions per prompt, N = B*G, L completion length.
 """
@@ -67,9 +67,23 @@ class TrainBatch:
         advantages: ``[B, G]`` float32 (GRPO group advantages; probes may replace them).
         aux_losses: Extra loss terms added by probes.
         metrics: Scalars probes want logged (full tag, e.g. ``probe/sgt/transfers``).
+        counts: This rank's loss normalizers by name: the loop sets ``sequences`` and
+            ``tokens`` (counted completion tokens); probes add their own (e.g. SGT's
+            ``sgt_demos``). Summed over the policy's group of ranks into ``group_counts``.
+        group_counts: ``counts`` summed over the policy's ranks, set by the loop after the
+            probes composed the batch and before the update; None until then (= ``counts``
+            on one rank). Losses divide by these, so k data-parallel ranks give the
+            gradient of one rank on the whole batch.
     """
 
     scored: ScoredRollouts
     advantages: Tensor
     aux_losses: list[AuxiliaryLoss] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, float] = field(default_factory=dict)
+    group_counts: dict[str, float] | None = None
+
+    def total(self, key: str) -> float:
+        """``group_counts[key]`` once summed over the group, else this rank's ``counts[key]``."""
+        source = self.group_counts if self.group_counts is not None else self.counts
+        return float(source.get(key, 0.0))

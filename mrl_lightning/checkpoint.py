@@ -1,7 +1,7 @@
-"""Atomic checkpoints holding only weights-only-loadable values (SPEC 1 step 7).
+"""Atomic checkpoints holding only weights-only-loadable values (docs/loop.md, "Checkpoints").
 
 LightningCLI reads ``--ckpt_path`` with ``torch.load(weights_only=True)`` before
-building anything (FIELD_NOTES), so a checkpoint holds only tensors, numbers, strings,
+building anything, so a checkpoint holds only tensors, numbers, strings,
 lists, tuples and dicts: no custom classes. Writes go to a temporary file in the same
 folder, are flushed to disk, then renamed over the target, so a crash mid-write never
 corrupts the last good checkpoint.
@@ -10,12 +10,10 @@ corrupts the last good checkpoint.
 from __future__ import annotations
 
 import os
-import random
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from mrl_lightning.errors import ConfigError
@@ -36,6 +34,11 @@ def atomic_save(obj: Any, path: str | Path) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+FORMAT_VERSION = 2
+"""Version 2: ``rng`` holds every rank's generator states (``{"ranks": [...]}``) and
+``placement`` the ranks per policy; version 1 (one process) is read too."""
 
 
 class CheckpointError(ConfigError):
@@ -65,6 +68,12 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         ) from exc
     if not isinstance(state, dict) or state.get("format") != "mrl-lightning":
         raise CheckpointError(f"ckpt_path={str(path)!r} is not an mrl-lightning checkpoint (no 'format' marker). {hint}")
+    version = state.get("version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointError(f"ckpt_path={str(path)!r} has checkpoint format version {version!r}, newer than this "
+                              f"mrl-lightning reads ({FORMAT_VERSION}); upgrade mrl-lightning to resume from it.")
+    if version == 1:  # one process: its RNG state becomes rank 0's
+        state["rng"] = {"ranks": [dict(state["rng"], cuda=[])]}
     return state
 
 
@@ -82,23 +91,3 @@ def check_compatible(state: dict[str, Any], policy_names: list[str], max_steps: 
     if max_steps <= step:
         raise CheckpointError(f"trainer.max_steps={max_steps} is not above the checkpoint's step {step}; "
                               f"set --trainer.max_steps to more than {step} to continue training.")
-
-
-def rng_state() -> dict[str, Any]:
-    """Python, NumPy and torch RNG states as weights-only-safe values."""
-    np_state = np.random.get_state()
-    py_version, py_state, py_gauss = random.getstate()
-    return {
-        "python": [py_version, list(py_state), py_gauss],
-        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
-        "torch": torch.get_rng_state(),
-    }
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Inverse of :func:`rng_state`."""
-    version, values, gauss = state["python"]
-    random.setstate((version, tuple(values), gauss))
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])

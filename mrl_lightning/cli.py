@@ -13,11 +13,13 @@ analysis) are plain sub-programs; ``mrl thl --help`` and ``mrl bandit --help`` s
 from __future__ import annotations
 
 import sys
+import traceback
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from mrl_lightning.data.stream import PromptDataModule
 from mrl_lightning.errors import ConfigError
+from mrl_lightning.mwra.workers import WorkerError
 from mrl_lightning.system import MutualRL
 from mrl_lightning.trainer import MRLTrainer
 
@@ -72,6 +74,8 @@ class MRLCLI(LightningCLI):
     def before_fit(self) -> None:
         """Hand the resolved config to the trainer, which saves it in the run folder."""
         self.trainer.config_text = self._parser("fit").dump(self.config["fit"], skip_none=False)
+        if self.trainer.seed is None:
+            self.trainer.seed = self.config["fit"].get("seed_everything")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         MRLCLI(args=None if from_shell else argv)
+    except WorkerError as exc:
+        traceback.print_exception(exc.__cause__ or exc, file=sys.stderr)
+        print(f"mrl: worker error: {exc}", file=sys.stderr, flush=True)
+        return 1
     except Exception as exc:  # noqa: BLE001 - a ConfigError may arrive wrapped by jsonargparse
         config_error = _find_config_error(exc)
         if config_error is None and _from_config_parsing(exc):

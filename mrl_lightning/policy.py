@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
 from mrl_lightning.errors import ConfigError
+from mrl_lightning.forward import completion_logits
 from mrl_lightning.objectives.grpo import LOSS_TYPES, SCALE_REWARDS
 from mrl_lightning.recipes.tiny import TinyCausalLM
 
@@ -82,6 +83,10 @@ class PolicyModule(pl.LightningModule):
             the others are its weak parts. None: taken from the warm-start recipe.
         disable_dropout: Set every dropout probability to 0 (TRL ``disable_dropout``), so
             that training log-probs match sampling and the ratio is 1 before an update.
+        share_prompt_forward: Score each distinct prompt once and share its KV cache
+            across the completions that repeat it (:mod:`mrl_lightning.forward`): the same
+            log-probs up to float rounding at about half the update's cost. False = one
+            plain pass over prompt + completion per row.
 
     Raises:
         ValueError: every invalid option at once, before any model is built.
@@ -116,6 +121,7 @@ class PolicyModule(pl.LightningModule):
         micro_batch_size: int | None = None,
         strong_parts: list[str] | None = None,
         disable_dropout: bool = True,
+        share_prompt_forward: bool = True,
     ) -> None:
         super().__init__()
         self.policy_name = name
@@ -134,6 +140,7 @@ class PolicyModule(pl.LightningModule):
         self.micro_batch_size = micro_batch_size
         self.strong_parts = strong_parts
         self.disable_dropout = disable_dropout
+        self.share_prompt_forward = share_prompt_forward
         self.model: torch.nn.Module | None = None
         self.tokenizer = None
         self._ref_model: list[torch.nn.Module] = []  # kept out of state_dict: rebuilt from the same weights
@@ -218,26 +225,54 @@ class PolicyModule(pl.LightningModule):
             tok.pad_token = self.pad_token
 
     # ------------------------------------------------------------------- building
-    def build(self, datamodule=None, cache_log=print) -> None:
-        """Materialize (recipe), then load tokenizer and model with ``from_pretrained``.
+    def materialize(self, datamodule=None, cache_log=print) -> str:
+        """The folder (or hub id) to load from; a recipe builds its cached folder first.
+
+        Raises:
+            ValueError: the recipe's warm-start part is not a data part.
+        """
+        source = self.model_source
+        if isinstance(source, TinyCausalLM):
+            source = str(source.materialize(self, datamodule, log=cache_log))
+            if self.strong_parts is None and source and self.model_source.warm_start_part:
+                self.strong_parts = [self.model_source.warm_start_part]
+        return os.path.expanduser(source)
+
+    def model_config(self):
+        """The model's ``transformers`` config without loading weights; None when unreadable.
+
+        A recipe gives the config it would build (vocabulary at its upper bound); a folder
+        or hub id is read with ``AutoConfig.from_pretrained`` (offline hub ids give None).
+        """
+        if isinstance(self.model_source, TinyCausalLM):
+            return self.model_source.model_config()
+        try:
+            from transformers import AutoConfig
+
+            return AutoConfig.from_pretrained(os.path.expanduser(self.model_source))
+        except Exception:  # noqa: BLE001 - the plan then says "?" for this policy
+            return None
+
+    def build(self, datamodule=None, cache_log=print, with_model: bool = True) -> None:
+        """Materialize (recipe), then load the tokenizer and, with ``with_model``, the model.
+
+        A worker that does not run this policy still needs its tokenizer (THL maps the
+        policy's text and tokens for its peers), so it builds with ``with_model=False``.
 
         Raises:
             ValueError: tokenizer without a pad or EOS token.
         """
         from transformers import AutoModelForCausalLM
 
-        source = self.model_source
-        if isinstance(source, TinyCausalLM):
-            source = str(source.materialize(self, datamodule, log=cache_log))
-            if self.strong_parts is None and source and self.model_source.warm_start_part:
-                self.strong_parts = [self.model_source.warm_start_part]
-        source = os.path.expanduser(source)
+        source = self.materialize(datamodule, cache_log)
         if self.tokenizer is None:
             errors = self._tokenizer_errors(os.path.expanduser(self.tokenizer_source or source))
             if errors:
                 raise ConfigError("\n".join(errors))
+        if not with_model:
+            return
         self.model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-        self.model.train()  # from_pretrained returns eval mode (FIELD_NOTES)
+        self.model.train()  # from_pretrained returns eval mode
         if self.disable_dropout:
             for module in self.model.modules():
                 if isinstance(module, torch.nn.Dropout):
@@ -296,12 +331,8 @@ class PolicyModule(pl.LightningModule):
             ``([N, L] float32 nats, [N, L] float32 nats or None)``.
         """
         model = self.model if model is None else model
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        attn = torch.cat([prompt_mask, completion_mask], dim=1).long()
-        position_ids = (attn.cumsum(dim=1) - 1).clamp(min=0)
-        length = completion_ids.shape[1]
-        logits = model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids,
-                       logits_to_keep=length + 1).logits[:, :-1].float() / self.temperature
+        logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                   share_prompts=self.share_prompt_forward).float() / self.temperature
         logz = torch.logsumexp(logits, dim=-1)
         logp = torch.gather(logits, 2, completion_ids.unsqueeze(-1)).squeeze(-1) - logz
         entropy = None
@@ -318,12 +349,29 @@ class PolicyModule(pl.LightningModule):
                 "family": getattr(getattr(self.model, "config", None), "model_type", "?")}
 
 
-def policy_update(policy: PolicyModule, batch, model, fabric, optimizer) -> dict[str, float]:
-    """SPEC 1 step 6 for one policy: mu optimizer steps on the composed batch.
+def loss_mask(policy: PolicyModule, rollouts) -> Tensor:
+    """``[N, L]`` bool: the completion tokens the GRPO loss counts (``mask_truncated_completions`` applied)."""
+    mask = rollouts.completion_mask.clone()
+    if policy.mask_truncated_completions:
+        mask &= ~rollouts.truncated.to(mask.device).unsqueeze(1)
+    return mask
+
+
+def loss_counts(policy: PolicyModule, rollouts) -> dict[str, float]:
+    """This rank's loss normalizers: ``sequences`` (N) and counted ``tokens``."""
+    return {"sequences": float(rollouts.completion_ids.shape[0]), "tokens": float(loss_mask(policy, rollouts).sum())}
+
+
+def policy_update(policy: PolicyModule, batch, model, fabric, optimizer,
+                  sync_gradients: Callable[[list], None] | None = None) -> dict[str, float]:
+    """One policy's update on its composed batch: ``num_iterations`` optimizer steps (docs/grpo.md).
 
     The GRPO loss is split into micro-batches of ``micro_batch_size`` sequences whose
     normalizers are the whole batch's (``num_sequences`` / ``num_tokens``), so any split
-    gives the same gradient. Probes' auxiliary losses are added once per iteration.
+    gives the same gradient. With data parallelism the normalizers are the totals over the
+    policy's group of ranks (``batch.group_counts``) and ``sync_gradients`` sums the
+    gradients over the group before clipping, so k ranks give the gradient of one rank on
+    the whole batch. Probes' auxiliary losses are added once per iteration.
 
     Args:
         policy: The policy.
@@ -331,6 +379,8 @@ def policy_update(policy: PolicyModule, batch, model, fabric, optimizer) -> dict
         model: The Fabric-wrapped model (``fabric.setup``) to run forward passes with.
         fabric: The Fabric instance (backward, gradient clipping).
         optimizer: The policy's Fabric-wrapped optimizer.
+        sync_gradients: Called with the trainable parameters after every backward pass of
+            an iteration and before clipping (the group's gradient all-reduce); None = one rank.
 
     Returns:
         Metrics of the last iteration (loss, KL, clip ratio, entropy, grad norm, aux terms).
@@ -338,14 +388,14 @@ def policy_update(policy: PolicyModule, batch, model, fabric, optimizer) -> dict
     from mrl_lightning.objectives.grpo import grpo_loss, masked_mean
 
     r = batch.scored.rollouts
-    n_seq = r.completion_ids.shape[0]
-    advantages = batch.advantages.reshape(n_seq).to(r.old_logprobs.device)
-    mask = r.completion_mask.clone()
-    if policy.mask_truncated_completions:
-        mask &= ~r.truncated.to(mask.device).unsqueeze(1)
-    n_tokens = float(mask.sum().clamp(min=1))
-    micro = policy.micro_batch_size or n_seq
-    slices = [slice(i, i + micro) for i in range(0, n_seq, micro)]
+    n_local = r.completion_ids.shape[0]
+    advantages = batch.advantages.reshape(n_local).to(r.old_logprobs.device)
+    mask = loss_mask(policy, r)
+    group = batch.group_counts or loss_counts(policy, r)
+    n_seq, n_tokens = int(group["sequences"]), max(float(group["tokens"]), 1.0)
+    local_tokens = float(mask.sum().clamp(min=1))
+    micro = policy.micro_batch_size or n_local
+    slices = [slice(i, i + micro) for i in range(0, n_local, micro)]
 
     def logprobs(sl, module, entropy=False):
         return policy.completion_logprobs(r.prompt_ids[sl], r.prompt_mask[sl], r.completion_ids[sl],
@@ -369,7 +419,7 @@ def policy_update(policy: PolicyModule, batch, model, fabric, optimizer) -> dict
                 num_sequences=n_seq, num_tokens=n_tokens,
             )
             fabric.backward(out.loss)
-            share = float(mask[sl].sum()) / n_tokens
+            share = float(mask[sl].sum()) / local_tokens
             totals["loss"] += float(out.loss.detach())
             totals["clip_low"] += float(masked_mean(out.clipped_low.float(), mask[sl])) * share
             totals["clip_high"] += float(masked_mean(out.clipped_high.float(), mask[sl])) * share
@@ -384,6 +434,8 @@ def policy_update(policy: PolicyModule, batch, model, fabric, optimizer) -> dict
             fabric.backward(aux_loss)
             metrics.update(aux_metrics)
         params = [p for p in policy.model.parameters() if p.requires_grad]
+        if sync_gradients is not None:
+            sync_gradients(params)
         if policy.max_grad_norm is not None:
             grad_norm = fabric.clip_gradients(model, optimizer, max_norm=policy.max_grad_norm)
         else:

@@ -9,6 +9,8 @@ the policy started good / weak at.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 
@@ -37,38 +39,99 @@ def rollout_metrics(scored, policy) -> dict[str, float]:
     return out
 
 
-def eval_metrics(
-    system, eval_items: dict[str, list], num_samples: int, eval_num_generations: int = 0, seed: int = 0
-) -> tuple[dict[str, float], dict[str, str]]:
-    """Evaluation scalars per policy and part, weak/strong averages, and sample tables.
+def eval_counts(
+    system,
+    eval_items: dict[str, list],
+    policies: list[str],
+    num_samples: int,
+    eval_num_generations: int,
+    seed_for_part: Callable[[str, str], int],
+    shard: Callable[[str, list], list] = lambda name, items: items,
+    with_samples: Callable[[str], bool] = lambda name: True,
+) -> tuple[dict, dict[str, str]]:
+    """Successes on held-out prompts of the given policies, as sums and counts.
 
-    ``eval/<p>/greedy_success_<part>``: greedy decoding. With ``eval_num_generations`` k > 0,
-    ``eval/<p>/success_<part>`` is the mean success of k sampled completions per held-out
-    prompt (the expected reward GRPO optimizes); otherwise it equals the greedy number.
-    ``success_strong`` / ``success_weak`` (and the ``greedy_`` ones) average the parts the
-    policy started strong / weak at.
+    Args:
+        system: The :class:`~mrl_lightning.system.MutualRL`.
+        eval_items: Part name -> held-out prompts.
+        policies: Policies to evaluate (this rank's).
+        num_samples: Greedy completions per policy kept as a text table.
+        eval_num_generations: k sampled completions per prompt (0 = greedy only).
+        seed_for_part: ``(policy, part) -> seed`` of the sampled evaluation's own stream.
+        shard: ``(policy, items) -> this rank's share`` (data-parallel evaluation).
+        with_samples: Whether this rank writes the text table of a policy.
+
+    Returns:
+        ``counts[policy][kind][part] = (successes, completions)`` with kind ``greedy`` or
+        ``sampled``, and ``samples[policy]`` markdown tables.
     """
-    metrics: dict[str, float] = {}
+    counts: dict = {}
     samples: dict[str, str] = {}
-    for name, policy in system.policies.items():
+    for name in policies:
+        policy = system.policies[name]
         rows = ["| part | prompt | completion | correct |", "|---|---|---|---|"]
         greedy, sampled = {}, {}
         for part, items in eval_items.items():
-            greedy[part], texts = system.greedy_success(policy, items)
-            sampled[part] = (system.sampled_success(policy, items, eval_num_generations, seed)
-                             if eval_num_generations > 0 else greedy[part])
-            _, _, ok = system.score(texts[:num_samples], items[:num_samples])
-            for item, text, good in zip(items[:num_samples], texts, ok.tolist()):
-                prompt = policy.render_prompt(item).replace("\n", "\\n").replace("|", "\\|")
-                rows.append(f"| {part} | {prompt} | {text!r} | {good} |")
-        strong = [p for p in (policy.strong_parts or []) if p in greedy]
-        weak = [p for p in greedy if p not in strong]
-        for prefix, values in (("success", sampled), ("greedy_success", greedy)):
+            mine = shard(name, items)
+            if not mine:
+                continue
+            rate, texts = system.greedy_success(policy, mine)
+            greedy[part] = (rate * len(mine), len(mine))
+            if eval_num_generations > 0:
+                rate = system.sampled_success(policy, mine, eval_num_generations, seed_for_part(name, part))
+                sampled[part] = (rate * len(mine) * eval_num_generations, len(mine) * eval_num_generations)
+            if with_samples(name):
+                _, _, ok = system.score(texts[:num_samples], mine[:num_samples])
+                for item, text, good in zip(mine[:num_samples], texts, ok.tolist()):
+                    prompt = policy.render_prompt(item).replace("\n", "\\n").replace("|", "\\|")
+                    rows.append(f"| {part} | {prompt} | {text!r} | {good} |")
+        counts[name] = {"greedy": greedy, "sampled": sampled or greedy}
+        if with_samples(name):
+            samples[name] = "\n".join(rows)
+    return counts, samples
+
+
+def merge_eval_counts(per_rank: list[dict]) -> dict:
+    """Sum :func:`eval_counts` results of several ranks."""
+    out: dict = {}
+    for counts in per_rank:
+        for name, kinds in counts.items():
+            for kind, parts in kinds.items():
+                for part, (hits, total) in parts.items():
+                    h, t = out.setdefault(name, {}).setdefault(kind, {}).get(part, (0.0, 0))
+                    out[name][kind][part] = (h + hits, t + total)
+    return out
+
+
+def eval_metrics_from_counts(system, counts: dict) -> dict[str, float]:
+    """Evaluation scalars per policy and part, and weak/strong averages.
+
+    ``eval/<p>/greedy_success_<part>``: greedy decoding. ``eval/<p>/success_<part>``: mean
+    success of k sampled completions per held-out prompt (the expected reward GRPO
+    optimizes), or the greedy number when k = 0. ``success_strong`` / ``success_weak`` (and
+    the ``greedy_`` ones) average the parts the policy started strong / weak at.
+    """
+    metrics: dict[str, float] = {}
+    for name, kinds in counts.items():
+        policy = system.policies[name]
+        rates = {kind: {part: hits / total for part, (hits, total) in parts.items() if total}
+                 for kind, parts in kinds.items()}
+        strong = [p for p in (policy.strong_parts or []) if p in rates["greedy"]]
+        weak = [p for p in rates["greedy"] if p not in strong]
+        for prefix, values in (("success", rates["sampled"]), ("greedy_success", rates["greedy"])):
             for part, value in values.items():
                 metrics[f"eval/{name}/{prefix}_{part}"] = value
             if strong:
                 metrics[f"eval/{name}/{prefix}_strong"] = sum(values[p] for p in strong) / len(strong)
             if strong and weak:
                 metrics[f"eval/{name}/{prefix}_weak"] = sum(values[p] for p in weak) / len(weak)
-        samples[name] = "\n".join(rows)
-    return metrics, samples
+    return metrics
+
+
+def eval_metrics(
+    system, eval_items: dict[str, list], num_samples: int, eval_num_generations: int = 0, seed: int = 0
+) -> tuple[dict[str, float], dict[str, str]]:
+    """Evaluate every policy in this process (one rank; see :func:`eval_counts`)."""
+    counts, samples = eval_counts(system, eval_items, list(system.policies), num_samples, eval_num_generations,
+                                  lambda name, part: seed)
+    return eval_metrics_from_counts(system, counts), samples

@@ -8,11 +8,14 @@ are the same for every policy; ``success`` comes only from a *strict* verifier
 
 from __future__ import annotations
 
+import contextlib
+
 import lightning.pytorch as pl
 import torch
 
 from mrl_lightning.batch import ScoredRollouts
 from mrl_lightning.errors import ConfigError
+from mrl_lightning.mwra.rng import sampling_rng
 from mrl_lightning.objectives.grpo import combine_rewards
 from mrl_lightning.policy import PolicyModule
 from mrl_lightning.rewards import ReasoningGymAccuracy, RewardFunction
@@ -85,14 +88,22 @@ class MutualRL(pl.LightningModule):
         return per_func, combine_rewards(per_func, self.reward_weights), success
 
     @torch.no_grad()
-    def rollout(self, policy: PolicyModule, items: list) -> ScoredRollouts:
-        """SPEC 1 steps 2-3 for one policy: render, sample G each, verify."""
+    def rollout(self, policy: PolicyModule, items: list, seed: int | None = None) -> ScoredRollouts:
+        """One policy's rollouts (docs/loop.md steps 2-3): render, sample G each, verify.
+
+        Args:
+            policy: The policy (its model must be built).
+            items: The B prompts.
+            seed: Seed of this call's own sampling stream (:func:`mrl_lightning.mwra.sampling_rng`:
+                every generator is restored afterwards); None samples from the process's stream.
+        """
         prompts = [policy.render_prompt(x) for x in items]
-        out = self.engine.generate(
-            policy.model, policy.tokenizer, policy.encode_prompts(prompts),
-            num_generations=policy.num_generations, max_completion_length=policy.max_completion_length,
-            temperature=policy.temperature, top_p=policy.top_p, top_k=policy.top_k,
-        )
+        with sampling_rng(seed) if seed is not None else contextlib.nullcontext():
+            out = self.engine.generate(
+                policy.model, policy.tokenizer, policy.encode_prompts(prompts),
+                num_generations=policy.num_generations, max_completion_length=policy.max_completion_length,
+                temperature=policy.temperature, top_p=policy.top_p, top_k=policy.top_k,
+            )
         repeated = [x for x in items for _ in range(policy.num_generations)]
         per_func, rewards, success = self.score(out.completion_texts, repeated)
         shape = (len(items), policy.num_generations)
@@ -114,12 +125,12 @@ class MutualRL(pl.LightningModule):
         """Mean success of ``num_samples`` completions per item at the policy's sampling settings.
 
         This is the expected reward GRPO optimizes, estimated on held-out prompts; it is far
-        less noisy than greedy success on the same prompts. Sampling runs inside a forked
-        RNG seeded by ``seed``, so evaluation neither consumes nor perturbs the training
-        RNG stream (resume stays exact) and is reproducible.
+        less noisy than greedy success on the same prompts. Sampling runs in its own stream
+        seeded by ``seed`` (:func:`mrl_lightning.mwra.sampling_rng`, which restores the CPU
+        generator and every CUDA device's), so evaluation neither consumes nor reseeds any
+        training stream (resume stays exact) and is reproducible.
         """
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with sampling_rng(seed):
             scored = self.rollout_n(policy, items, num_samples)
         return float(scored.float().mean())
 

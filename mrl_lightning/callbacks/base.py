@@ -1,4 +1,4 @@
-"""The hook bus: callbacks the multi-module loop calls by name (SPEC 1).
+"""The hook bus: callbacks the multi-module loop calls by name (docs/loop.md).
 
 The loop calls ``fabric.call(hook, ...)`` and every callback that defines the hook
 answers, in list order. Hooks, in the order one step calls them:
@@ -7,12 +7,17 @@ answers, in list order. Hooks, in the order one step calls them:
     once, after the policies are built, before step 1 (and before a checkpoint loads).
 ``on_fit_start(trainer, system)``
 ``on_rollouts_end(trainer, system, scored)``
-    SPEC 1 step 4: ``scored`` maps policy name -> :class:`ScoredRollouts`; SEE publishes here.
+    the exchange point: ``scored`` maps policy name -> :class:`ScoredRollouts` for the
+    policies *this rank* runs (its share of the step's prompts); SEE sends its records to
+    every rank here (``trainer.workers.exchange``).
 ``on_compose_batch(trainer, system, policy, batch)``
-    SPEC 1 step 5, once per policy: probes add to :class:`TrainBatch` (advantages,
-    auxiliary losses, metrics). Probes run in callback-list order.
+    once per policy this rank runs: probes add to :class:`TrainBatch` (advantages,
+    auxiliary losses, loss normalizers in ``batch.counts``, metrics). Probes run in
+    callback-list order. ``system.policies`` holds every policy's tokenizer on every
+    rank, but only this rank's policies have a model.
 ``on_train_step_end(trainer, system, metrics)``
-    after every policy's update; add scalars to ``metrics`` to log them.
+    after every policy's update; ``metrics`` is already combined over ranks; add scalars
+    to it to log them.
 ``on_eval_end(trainer, system, metrics)``
 ``on_fit_end(trainer, system)``
 
@@ -42,3 +47,12 @@ class MRLCallback:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         return None
+
+    def merge_rank_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
+        """One state from this callback's ``state_dict`` on every rank (rank order), for the checkpoint.
+
+        The default keeps rank 0's: right for state every rank holds alike (SEE's exchange,
+        which every rank receives in full). A callback whose state is split by policy or
+        by prompt across ranks overrides this to merge the parts.
+        """
+        return states[0]

@@ -73,7 +73,7 @@ class SharedExperienceExchange(MRLCallback):
         self.exchange = ExperienceExchange(capacity=capacity, max_staleness=max_staleness)
 
     def setup(self, trainer, system, datamodule) -> None:
-        if self.log_path:
+        if self.log_path and trainer.is_global_zero:  # every rank holds the same records; one writes the log
             path = self.log_path if os.path.isabs(self.log_path) else os.path.join(trainer.log_dir, self.log_path)
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             self.exchange = ExperienceExchange(capacity=self.capacity, max_staleness=self.max_staleness,
@@ -117,9 +117,12 @@ class SharedExperienceExchange(MRLCallback):
         return out
 
     def on_rollouts_end(self, trainer, system, scored: dict) -> None:
+        """Publish this step's records of every rank, in the same order on every rank."""
         step = trainer.rollout_step
-        for name, s in scored.items():
-            self.exchange.publish(self.records_for(s, step, system.policies[name], system.verifier))
+        local = {name: self.records_for(s, step, system.policies[name], system.verifier) for name, s in scored.items()}
+        workers = getattr(trainer, "workers", None)
+        records = workers.exchange(local) if workers is not None else [r for rs in local.values() for r in rs]
+        self.exchange.publish(records)
         self.exchange.advance(step)
 
     def on_train_step_end(self, trainer, system, metrics: dict) -> None:

@@ -45,6 +45,7 @@ from mrl_lightning.callbacks.xgrpo import advantage_probe_note
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.exchange import RolloutRecord
 from mrl_lightning.objectives.grpo import group_advantages
+from mrl_lightning.policy import loss_counts
 from mrl_lightning.probes.prp import (
     IS_LEVELS,
     IS_MODES,
@@ -90,10 +91,8 @@ class _PRPPeerLoss:
 
     name = "prp"
 
-    def __init__(self, tensors: dict[str, Tensor], probe: PeerRolloutPooling, weight: float, own_sequences: int,
-                 own_tokens: float, tag: str) -> None:
-        self.t, self.probe, self.weight = tensors, probe, weight
-        self.own_sequences, self.own_tokens, self.tag = own_sequences, own_tokens, tag
+    def __init__(self, tensors: dict[str, Tensor], probe: PeerRolloutPooling, weight: float, batch, tag: str) -> None:
+        self.t, self.probe, self.weight, self.batch, self.tag = tensors, probe, weight, batch, tag
 
     def __call__(self, policy, model) -> tuple[Tensor, dict[str, float]]:
         device = next(policy.model.parameters()).device
@@ -103,8 +102,9 @@ class _PRPPeerLoss:
         p = self.probe
         losses = prp_token_losses(logp, t["logp_recv"], t["logp_src"], t["loss_mask"], t["advantages"],
                                   p.is_mode, p.is_level, p.c, policy.epsilon, policy.epsilon_high)
-        loss = self.weight * own_unit_loss(losses, t["loss_mask"], policy.loss_type, self.own_sequences,
-                                           self.own_tokens, policy.max_completion_length)
+        # The own batch's normalizers, summed over the policy's ranks when data-parallel.
+        loss = self.weight * own_unit_loss(losses, t["loss_mask"], policy.loss_type, int(self.batch.total("sequences")),
+                                           self.batch.total("tokens"), policy.max_completion_length)
         return loss, {f"{self.tag}/loss": float(loss.detach())}
 
 
@@ -292,16 +292,13 @@ class PeerRolloutPooling(MRLCallback):
         for key, value in prp_weight_metrics(logp_recv, logp_src, loss_mask, self.is_mode, self.is_level,
                                              self.c).items():
             batch.metrics[f"{tag}/{key.removeprefix('probe/prp_')}"] = value
-        r = scored.rollouts
-        own_mask = r.completion_mask.clone()
-        if policy.mask_truncated_completions:
-            own_mask &= ~r.truncated.to(own_mask.device).unsqueeze(1)
         weight = self.lambda_per_policy.get(policy.policy_name, self.lambda_prp)
         if weight > 0:
+            if not batch.counts:  # composed outside the loop (tests): the own batch's normalizers
+                batch.counts.update(loss_counts(policy, scored.rollouts))
             tensors = {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": c_ids, "completion_mask": c_mask,
                        "loss_mask": loss_mask, "logp_recv": logp_recv, "logp_src": logp_src, "advantages": advantages}
-            batch.aux_losses.append(_PRPPeerLoss(tensors, self, weight, r.completion_ids.shape[0],
-                                                 float(own_mask.sum()), tag))
+            batch.aux_losses.append(_PRPPeerLoss(tensors, self, weight, batch, tag))
 
     @staticmethod
     @torch.no_grad()

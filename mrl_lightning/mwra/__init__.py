@@ -1,10 +1,18 @@
-"""MWRA: resource plan and scheduling of the policies' work (SPEC 6)."""
+"""MWRA: placement of policies on workers, the resource plan, and the collectives between workers.
 
-from mrl_lightning.mwra.plan import (
-    PolicyPlacement,
-    build_plan,
-    format_plan,
-    validate_plan,
-)
+See docs/mwra.md. ``placement`` (which ranks run which policy), ``plan`` (threads and
+memory estimate, validated before any model is built), ``strategy`` (the Fabric strategy
+of multi-process runs), ``workers`` (what this rank runs; collectives), ``rng``
+(placement-independent sampling streams).
+"""
 
-__all__ = ["PolicyPlacement", "build_plan", "format_plan", "validate_plan"]
+from mrl_lightning.mwra.placement import PLACEMENTS, Placement, build_placement, shard_bounds
+from mrl_lightning.mwra.plan import PolicyPlacement, build_plan, format_plan, model_shape, validate_resources
+from mrl_lightning.mwra.rng import rng_state, sampling_rng, set_rng_state, stream_seed
+from mrl_lightning.mwra.workers import WorkerError, Workers, combine_metrics
+
+__all__ = [
+    "PLACEMENTS", "Placement", "PolicyPlacement", "WorkerError", "Workers", "build_placement", "build_plan",
+    "combine_metrics", "format_plan", "model_shape", "rng_state", "sampling_rng", "set_rng_state", "shard_bounds",
+    "stream_seed", "validate_resources",
+]

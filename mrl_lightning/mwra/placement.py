@@ -1,0 +1,147 @@
+"""Placement: which ranks (worker processes) run which policy (docs/mwra.md).
+
+Two modes:
+
+- ``colocated``: every policy on every rank; each rank runs the policies' phases in
+  turn. With one rank this is a plain single-process run; with k ranks every policy is
+  data-parallel over all k.
+- ``disjoint``: the world is split into one group of ranks per policy, sized by
+  ``policy_ranks`` (e.g. ``{gpt2: 1, llama: 1}`` or ``{qwen: 4, llama: 4}``); groups run
+  their policy's rollouts and updates at the same time.
+
+``auto`` picks ``disjoint`` when there is more than one rank and the ranks split evenly
+over the policies, and ``colocated`` otherwise.
+
+Groups are contiguous blocks of global ranks in the order of ``model.policies``, so on a
+node of 8 GPUs with ``{qwen: 4, llama: 4}`` qwen owns GPUs 0-3 and llama 4-7.
+Everything here is pure Python: a placement is built and validated from the config
+before any process is launched or any model is built.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+from mrl_lightning.errors import ConfigError
+
+PLACEMENTS = ("auto", "colocated", "disjoint")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The ranks each policy owns.
+
+    Attributes:
+        mode: ``"colocated"`` or ``"disjoint"`` (never ``"auto"``: resolved).
+        groups: Policy name -> its global ranks, ascending, in ``model.policies`` order.
+        world_size: Number of ranks (processes) in the run.
+    """
+
+    mode: str
+    groups: dict[str, tuple[int, ...]]
+    world_size: int
+
+    def policies_on(self, rank: int) -> list[str]:
+        """Policies rank ``rank`` runs, in ``model.policies`` order."""
+        return [name for name, ranks in self.groups.items() if rank in ranks]
+
+    def leader(self, policy: str) -> int:
+        """The lowest rank of ``policy``'s group (it materializes and reports for the group)."""
+        return self.groups[policy][0]
+
+
+def _nearest(name: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(name, valid, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def build_placement(
+    mode: str,
+    policy_ranks: dict[str, int] | None,
+    policy_names: list[str],
+    world_size: int,
+) -> Placement:
+    """Resolve and validate a placement.
+
+    Args:
+        mode: ``trainer.placement``: "auto", "colocated" or "disjoint".
+        policy_ranks: ``trainer.policy_ranks``: ranks per policy (disjoint only); None
+            splits the world evenly.
+        policy_names: ``model.policies`` names, in order.
+        world_size: ``trainer.devices`` x ``trainer.num_nodes``.
+
+    Returns:
+        The :class:`Placement`.
+
+    Raises:
+        ConfigError: an unknown mode, ``policy_ranks`` naming an unknown policy, a policy
+            with no ranks, ranks that do not add up to the world size, or ``policy_ranks``
+            with ``colocated`` (every problem at once, each naming the field and the fix).
+    """
+    errors: list[str] = []
+    if mode not in PLACEMENTS:
+        raise ConfigError(f"trainer.placement={mode!r}{_nearest(str(mode), list(PLACEMENTS))}; valid: {list(PLACEMENTS)}.")
+    if mode == "auto":
+        if policy_ranks is not None:
+            mode = "disjoint"
+        else:
+            mode = "disjoint" if world_size > 1 and world_size % len(policy_names) == 0 else "colocated"
+    if mode == "colocated":
+        if policy_ranks is not None:
+            errors.append(f"trainer.policy_ranks={policy_ranks} only applies to trainer.placement: disjoint; "
+                          "remove it (colocated runs every policy on every rank) or set placement: disjoint.")
+        if errors:
+            raise ConfigError("Invalid placement:\n  - " + "\n  - ".join(errors))
+        ranks = tuple(range(world_size))
+        return Placement("colocated", {name: ranks for name in policy_names}, world_size)
+
+    if policy_ranks is None:
+        if world_size % len(policy_names):
+            raise ConfigError(
+                f"trainer.placement: disjoint splits {world_size} rank(s) over {len(policy_names)} policies "
+                f"{policy_names}, which does not divide evenly; give trainer.policy_ranks (e.g. "
+                f"{ {n: 1 for n in policy_names} }) or set --trainer.devices to a multiple of {len(policy_names)}.")
+        policy_ranks = {name: world_size // len(policy_names) for name in policy_names}
+    for name in policy_ranks:
+        if name not in policy_names:
+            errors.append(f"trainer.policy_ranks names policy {name!r}{_nearest(name, policy_names)}, which is not "
+                          f"in model.policies {policy_names}.")
+    for name in policy_names:
+        count = policy_ranks.get(name, 0)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            errors.append(f"trainer.policy_ranks.{name}={policy_ranks.get(name)!r}: every policy needs at least "
+                          f"1 rank in a disjoint placement; give it one (e.g. {name}: 1).")
+    if not errors:
+        asked = sum(policy_ranks[n] for n in policy_names)
+        if asked > world_size:
+            errors.append(f"trainer.policy_ranks asks for {asked} ranks ({policy_ranks}) but the run has "
+                          f"{world_size} (trainer.devices x trainer.num_nodes); raise --trainer.devices to {asked} "
+                          "or give fewer ranks per policy.")
+        elif asked < world_size:
+            errors.append(f"trainer.policy_ranks gives out {asked} ranks ({policy_ranks}) but the run has "
+                          f"{world_size}; {world_size - asked} would idle. Lower --trainer.devices to {asked} or "
+                          "give the extra ranks to a policy.")
+    if errors:
+        raise ConfigError("Invalid placement:\n  - " + "\n  - ".join(errors))
+    groups, start = {}, 0
+    for name in policy_names:
+        groups[name] = tuple(range(start, start + policy_ranks[name]))
+        start += policy_ranks[name]
+    return Placement("disjoint", groups, world_size)
+
+
+def shard_bounds(num_items: int, index: int, size: int) -> tuple[int, int]:
+    """Contiguous ``[start, end)`` of item ``index``'s share when ``num_items`` split over ``size``.
+
+    Whole prompts only: the first ``num_items % size`` shares get one more item. Shares
+    are contiguous and in rank order, so concatenating them gives back the batch.
+
+    Raises:
+        ValueError: ``index`` outside ``[0, size)``.
+    """
+    if not 0 <= index < size:
+        raise ValueError(f"shard index {index} outside [0, {size}).")
+    base, extra = divmod(num_items, size)
+    start = index * base + min(index, extra)
+    return start, start + base + (1 if index < extra else 0)

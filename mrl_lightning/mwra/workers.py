@@ -1,0 +1,256 @@
+"""Workers: what this rank runs and the collectives between ranks (docs/mwra.md).
+
+One :class:`Workers` per process. The loop asks it which policies this rank runs
+(:attr:`Workers.local_policies`), which prompts of the step's batch are this rank's
+(:meth:`Workers.shard`), and for every exchange between ranks:
+
+- inside a policy's group: sums of loss normalizers (:meth:`group_sum`), the gradient
+  all-reduce (:meth:`reduce_gradients`), the initial weight broadcast;
+- across the world: SEE records at the step's exchange point (:meth:`exchange`, every
+  rank gets every record in one order that does not depend on timing), step metrics
+  (:meth:`gather_metrics`), checkpoint state (:meth:`gather_to_zero`).
+
+All of it goes through ``torch.distributed`` (the process group Fabric's strategy set up);
+with one process every call returns at once. Each collective is timed (``wait_s``: time
+blocked, so a starved or slow worker shows) and a collective that fails or waits past the
+timeout raises :class:`WorkerError` naming this rank, the phase and the step, so a run
+never hangs silently. :meth:`phase` wraps the loop's phases so that an error raised by
+this rank's own code names the rank and phase too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from mrl_lightning.mwra.placement import Placement, shard_bounds
+
+# How step metrics from several ranks combine, by the tag's last component.
+SUMMED = ("transfers", "rescue_set_size", "retokenize_failures", "peers_pooled", "prompts_with_peers",
+          "nan_rows_skipped", "zero_var_groups", "peer_groups", "loss", "prompts_truncated")
+
+
+class WorkerError(RuntimeError):
+    """A worker failed or a collective failed / timed out; the message names the rank and phase."""
+
+
+def combine_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """Merge step metrics from several ranks into one dict.
+
+    A tag reported by one rank is taken as is. A tag reported by several (a policy on a
+    group of ranks): ``*_max`` -> max; counts and loss shares (:data:`SUMMED`) -> sum;
+    ``exchange/`` (the same on every rank) -> rank order's first; anything else -> mean.
+    """
+    values: dict[str, list[float]] = {}
+    for metrics in per_rank:
+        for key, value in metrics.items():
+            values.setdefault(key, []).append(value)
+    out = {}
+    for key, vals in values.items():
+        last = key.rsplit("/", 1)[-1]
+        if len(vals) == 1 or key.startswith("exchange/"):
+            out[key] = vals[0]
+        elif last.endswith("_max") or last.startswith("peak_memory"):
+            out[key] = max(vals)
+        elif last in SUMMED:
+            out[key] = sum(vals)
+        else:
+            out[key] = sum(vals) / len(vals)
+    return out
+
+
+class Workers:
+    """This rank's view of the placement, and the collectives of the run.
+
+    Args:
+        placement: Ranks per policy.
+        rank: This process's global rank.
+        timeout_s: Collective timeout in seconds (used in messages; the process group
+            itself enforces it).
+
+    Raises:
+        ValueError: ``placement.world_size`` differs from ``torch.distributed``'s world size.
+    """
+
+    def __init__(self, placement: Placement, rank: int = 0, timeout_s: float = 1800.0) -> None:
+        self.placement = placement
+        self.rank = rank
+        self.timeout_s = timeout_s
+        self.distributed = placement.world_size > 1
+        if self.distributed and dist.get_world_size() != placement.world_size:
+            raise ValueError(f"the placement has {placement.world_size} ranks but torch.distributed has "
+                             f"{dist.get_world_size()}.")
+        self._groups: dict[str, Any] = {}
+        self._world = None
+        if self.distributed:
+            # Every rank creates every group, in the same order (torch.distributed contract). The
+            # world group is a new one too: it carries the collective timeout, while the default
+            # group keeps the longer rendezvous timeout of start-up.
+            self._world = dist.new_group(list(range(placement.world_size)), timeout=_timedelta(timeout_s))
+            for name, ranks in placement.groups.items():
+                if len(ranks) == placement.world_size:
+                    self._groups[name] = self._world
+                elif len(ranks) > 1:
+                    group = dist.new_group(list(ranks), timeout=_timedelta(timeout_s))
+                    self._groups[name] = group if rank in ranks else None
+        self.local_policies = placement.policies_on(rank)
+        self.phase_name, self.step = "setup", 0
+        self.wait_s = 0.0
+
+    # ------------------------------------------------------------------ topology
+    def group_size(self, policy: str) -> int:
+        return len(self.placement.groups[policy])
+
+    def group_index(self, policy: str) -> int:
+        """This rank's index in ``policy``'s group."""
+        return self.placement.groups[policy].index(self.rank)
+
+    def is_leader(self, policy: str) -> bool:
+        return self.placement.leader(policy) == self.rank
+
+    def shard(self, policy: str, items: list) -> list:
+        """This rank's contiguous share of ``items`` (whole prompts) for ``policy``."""
+        start, end = shard_bounds(len(items), self.group_index(policy), self.group_size(policy))
+        return items[start:end]
+
+    # ---------------------------------------------------------------- collectives
+    @contextlib.contextmanager
+    def phase(self, name: str, step: int | None = None) -> Iterator[None]:
+        """Name the loop's current phase; an error inside names this rank and the phase."""
+        previous = self.phase_name
+        self.phase_name = name
+        if step is not None:
+            self.step = step
+        try:
+            yield
+        except (WorkerError, KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:
+            if not self.distributed:
+                raise
+            raise WorkerError(f"rank {self.rank} ({', '.join(self.local_policies)}) failed in phase {name!r} at "
+                              f"step {self.step}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            self.phase_name = previous
+
+    def _collective(self, what: str, fn, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - gloo / nccl errors come in several types
+            waited = time.perf_counter() - start
+            raise WorkerError(
+                f"rank {self.rank} ({', '.join(self.local_policies)}) waited {waited:.1f} s at the {what} collective "
+                f"in phase {self.phase_name!r}, step {self.step}, and it failed (timeout {self.timeout_s:.0f} s): "
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}. Another rank failed or "
+                "hangs; its own error, if any, is printed above."
+            ) from exc
+        finally:
+            self.wait_s += time.perf_counter() - start
+
+    def _group_all_gather(self, policy: str, obj: Any) -> list[Any]:
+        if self.group_size(policy) == 1:
+            return [obj]
+        out: list[Any] = [None] * self.group_size(policy)
+        self._collective(f"{policy} group gather", dist.all_gather_object, out, obj, group=self._groups[policy])
+        return out
+
+    def group_sum(self, policy: str, counts: dict[str, float]) -> dict[str, float]:
+        """Sum ``counts`` over ``policy``'s group (keys missing on a rank count 0)."""
+        total: dict[str, float] = {}
+        for part in self._group_all_gather(policy, counts):
+            for key, value in part.items():
+                total[key] = total.get(key, 0.0) + float(value)
+        return total
+
+    def reduce_gradients(self, policy: str, parameters: list[torch.nn.Parameter]) -> None:
+        """Sum the gradients of ``parameters`` over ``policy``'s group, in place (one flat all-reduce).
+
+        Each rank's loss is already divided by the group's totals, so the sum is the
+        gradient of the whole batch. Parameters without a gradient count as zeros.
+        """
+        if self.group_size(policy) == 1:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self._collective(f"{policy} gradient", dist.all_reduce, flat, group=self._groups[policy])
+        offset = 0
+        for p, g in zip(parameters, grads):
+            n = g.numel()
+            p.grad = flat[offset: offset + n].view_as(g).clone()
+            offset += n
+
+    def broadcast_module(self, policy: str, module: torch.nn.Module) -> None:
+        """Copy the group leader's parameters and buffers to the rest of ``policy``'s group."""
+        if self.group_size(policy) == 1:
+            return
+        with torch.no_grad():
+            for tensor in list(module.parameters()) + list(module.buffers()):
+                self._collective(f"{policy} weight broadcast", dist.broadcast, tensor.data,
+                                 src=self.placement.leader(policy), group=self._groups[policy])
+
+    def exchange(self, local: dict[str, list]) -> list:
+        """Every rank's SEE records, on every rank, in one deterministic order.
+
+        Args:
+            local: Policy name -> records this rank produced for it (its shard's).
+
+        Returns:
+            All records: policies in ``model.policies`` order, within a policy its ranks in
+            group order (shards are contiguous, so this is the batch's prompt order), within
+            a rank the order it produced them.
+        """
+        gathered = self.all_gather(local, "exchange")
+        out: list = []
+        for name, ranks in self.placement.groups.items():
+            for r in ranks:
+                out.extend(gathered[r].get(name, []))
+        return out
+
+    def all_gather(self, obj: Any, what: str) -> list[Any]:
+        """``obj`` from every rank, indexed by rank."""
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.placement.world_size
+        self._collective(what, dist.all_gather_object, out, obj, group=self._world)
+        return out
+
+    def gather_metrics(self, local: dict[str, float]) -> dict[str, float]:
+        """Step metrics of every rank, combined (:func:`combine_metrics`)."""
+        return combine_metrics(self.all_gather(local, "metrics"))
+
+    def gather_to_zero(self, obj: Any, what: str) -> list[Any] | None:
+        """``obj`` from every rank on rank 0 (indexed by rank); None elsewhere."""
+        if not self.distributed:
+            return [obj]
+        out = [None] * self.placement.world_size if self.rank == 0 else None
+        self._collective(what, dist.gather_object, obj, out, dst=0, group=self._world)
+        return out
+
+    def broadcast_from_zero(self, obj: Any, what: str) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        if not self.distributed:
+            return obj
+        box = [obj]
+        self._collective(what, dist.broadcast_object_list, box, src=0, group=self._world)
+        return box[0]
+
+    def barrier(self, what: str) -> None:
+        if self.distributed:
+            self._collective(what, dist.barrier, group=self._world)
+
+    def take_wait_s(self) -> float:
+        """Seconds spent blocked in collectives since the last call."""
+        waited, self.wait_s = self.wait_s, 0.0
+        return waited
+
+
+def _timedelta(seconds: float):
+    from datetime import timedelta
+
+    return timedelta(seconds=seconds)

@@ -1,0 +1,148 @@
+"""MWRA end to end: ``mrl fit`` on two gloo worker processes against one process (docs/mwra.md).
+
+Each multi-process run is a real ``mrl fit --trainer.devices 2 --trainer.strategy ddp``
+launched by Fabric (rank 1 is a second process). The two tiny policies run disjoint (one
+rank each) and must reproduce the colocated one-process run exactly: same completions,
+same weights, same exchange. Checkpoints resume across placements both ways.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mrl_lightning.checkpoint import load_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+DISJOINT = ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.placement", "disjoint"]
+
+
+def _mrl(config: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run ``mrl fit`` in a new session; return when the main process (rank 0) ends, then kill leftovers.
+
+    Output goes to files, not pipes: a rank that outlives rank 0 would hold a pipe open.
+    """
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "tests" / "e2e"), str(REPO)]),
+               OMP_NUM_THREADS="1")
+    args = [sys.executable, "-m", "mrl_lightning.cli", "fit", "--config", str(config), *extra]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(args, stdout=out, stderr=err, env=env, text=True, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the other ranks, if any are left
+        out.seek(0), err.seek(0)
+        return subprocess.CompletedProcess(args, code, out.read(), err.read())
+
+
+def _ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, f"mrl fit failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+
+
+def _ckpt(config: Path, version: str, name: str = "last.ckpt") -> dict:
+    return load_checkpoint(config.parent / "runs" / version / "checkpoints" / name)
+
+
+def _assert_same_run(a: dict, b: dict, what: str) -> None:
+    assert a["counters"] == b["counters"], what
+    for name in a["policies"]:
+        for key, value in a["policies"][name]["model"].items():
+            torch.testing.assert_close(b["policies"][name]["model"][key], value, rtol=0, atol=1e-5,
+                                       msg=f"{what}: {name}.{key}")
+    # The exchange holds every record of every step: completions (texts, token ids, log-probs) agree.
+    ra = a["callbacks"]["SharedExperienceExchange"]["exchange"]["records"]
+    rb = b["callbacks"]["SharedExperienceExchange"]["exchange"]["records"]
+    assert [r["completion_text"] for r in ra if "completion_text" in r] == \
+        [r["completion_text"] for r in rb if "completion_text" in r], f"{what}: completions differ"
+    assert a["callbacks"] == b["callbacks"], f"{what}: exchange / probe state differs"
+    assert a["data"] == b["data"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Straight runs of 4 steps (checkpoint every step): colocated 1 process and disjoint 2 processes."""
+    import yaml
+
+    from e2e_configs import tiny_config
+
+    folder = tmp_path_factory.mktemp("mwra")
+    cfg = tiny_config(folder / "cache", folder / "runs")
+    cfg["trainer"].update(max_steps=4, keep_checkpoints=10, num_threads=1)
+    cfg["trainer"]["callbacks"][0]["init_args"] = {"record_types": ["rollout", "group_stats", "success"]}
+    config = folder / "tiny.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    _ok(_mrl(config, "--trainer.version", "colocated"))
+    _ok(_mrl(config, "--trainer.version", "disjoint", *DISJOINT))
+    return config
+
+
+def test_disjoint_two_processes_reproduce_the_colocated_run(runs):
+    for step in (3, 4):
+        name = f"step={step}.ckpt" if step < 4 else "last.ckpt"
+        colocated, disjoint = _ckpt(runs, "colocated", name), _ckpt(runs, "disjoint", name)
+        _assert_same_run(colocated, disjoint, f"step {step}")
+    disjoint = _ckpt(runs, "disjoint")
+    assert disjoint["placement"] == {"mode": "disjoint", "groups": {"gpt2": [0], "llama": [1]}}
+    # Every rank's generator states are in the checkpoint (CUDA ones where a GPU is visible).
+    assert len(disjoint["rng"]["ranks"]) == 2
+    assert all(isinstance(r["torch"], torch.Tensor) and "cuda" in r for r in disjoint["rng"]["ranks"])
+    assert disjoint["counters"]["optimizer_steps"] == {"gpt2": 4, "llama": 4}
+
+
+def test_per_worker_timings_and_memory_are_logged(runs):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(runs.parent / "runs" / "disjoint"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    for policy in ("gpt2", "llama"):
+        for tag in ("rollout_s", "update_s", "wait_s", "peak_memory_gib"):
+            assert f"mwra/{policy}/{tag}" in tags
+        peak = events.Scalars(f"mwra/{policy}/peak_memory_gib")[-1].value
+        assert 0.1 < peak < 8.0, f"{policy}: implausible peak memory {peak} GiB"
+
+
+@pytest.mark.parametrize("source, target", [("disjoint", "colocated"), ("colocated", "disjoint")])
+def test_resume_across_placements_continues_identically(runs, source, target):
+    mid = runs.parent / "runs" / source / "checkpoints" / "step=2.ckpt"
+    version = f"{source}-to-{target}"
+    extra = DISJOINT if target == "disjoint" else []
+    _ok(_mrl(runs, "--trainer.version", version, "--ckpt_path", str(mid), *extra))
+    _assert_same_run(_ckpt(runs, source), _ckpt(runs, version), f"{source} -> {target}")
+
+
+def test_a_worker_that_raises_ends_the_run_naming_rank_and_phase(write_config):
+    config = write_config(modify=lambda c: c["trainer"].update(max_steps=5, collective_timeout_s=60, callbacks=[
+        {"class_path": "mrl_lightning.callbacks.SharedExperienceExchange"},
+        {"class_path": "e2e_faults.FaultOnRank", "init_args": {"rank": 1, "step": 3}}]))
+    start = time.perf_counter()
+    proc = _mrl(config, "--trainer.version", "fault", *DISJOINT)
+    elapsed = time.perf_counter() - start
+    assert proc.returncode != 0
+    assert "rank 1 (llama) failed in phase 'compose' at step 3" in proc.stderr
+    assert "injected fault" in proc.stderr
+    assert elapsed < 60 + 30, f"the run took {elapsed:.0f} s to end after the fault"
+    last = load_checkpoint(config.parent / "runs" / "fault" / "checkpoints" / "last.ckpt")
+    assert last["counters"]["global_step"] == 2  # the last good checkpoint, loadable
+
+
+def test_a_worker_that_hangs_times_out_instead_of_hanging(write_config):
+    config = write_config(modify=lambda c: c["trainer"].update(max_steps=4, collective_timeout_s=5, callbacks=[
+        {"class_path": "mrl_lightning.callbacks.SharedExperienceExchange"},
+        {"class_path": "e2e_faults.FaultOnRank", "init_args": {"rank": 1, "step": 2, "sleep_s": 120}}]))
+    start = time.perf_counter()
+    proc = _mrl(config, "--trainer.version", "hang", *DISJOINT, timeout=100)
+    elapsed = time.perf_counter() - start
+    assert proc.returncode != 0
+    assert "rank 0 (gpt2) waited" in proc.stderr and "step 2" in proc.stderr, proc.stderr[-3000:]
+    assert elapsed < 60, f"the run took {elapsed:.0f} s to end with a 5 s collective timeout"

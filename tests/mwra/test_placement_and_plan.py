@@ -1,0 +1,128 @@
+"""MWRA placement and resource plan: pure checks, no process launched, no model built."""
+
+from __future__ import annotations
+
+import pytest
+
+from mrl_lightning.errors import ConfigError
+from mrl_lightning.mwra import build_placement, combine_metrics, shard_bounds
+from mrl_lightning.mwra.plan import ModelShape, PolicyPlacement, policy_memory_bytes, validate_resources
+
+NAMES = ["gpt2", "llama"]
+
+
+def test_colocated_puts_every_policy_on_every_rank():
+    p = build_placement("colocated", None, NAMES, 2)
+    assert p.groups == {"gpt2": (0, 1), "llama": (0, 1)}
+    assert p.policies_on(1) == NAMES
+
+
+def test_disjoint_gives_contiguous_rank_blocks_in_policy_order():
+    p = build_placement("disjoint", {"gpt2": 4, "llama": 4}, NAMES, 8)
+    assert p.groups == {"gpt2": (0, 1, 2, 3), "llama": (4, 5, 6, 7)}
+    assert p.policies_on(5) == ["llama"] and p.leader("llama") == 4
+
+
+def test_auto_is_colocated_on_one_rank_and_disjoint_when_ranks_split_evenly():
+    assert build_placement("auto", None, NAMES, 1).mode == "colocated"
+    assert build_placement("auto", None, NAMES, 2).groups == {"gpt2": (0,), "llama": (1,)}
+    assert build_placement("auto", None, NAMES, 3).mode == "colocated"
+
+
+@pytest.mark.parametrize("ranks, world, words", [
+    ({"gpt2": 2, "llama": 1}, 2, ["asks for 3 ranks", "trainer.devices"]),
+    ({"gpt2": 1, "llama": 0}, 1, ["trainer.policy_ranks.llama=0", "at least 1 rank"]),
+    ({"gpt2": 1}, 1, ["trainer.policy_ranks.llama=None"]),
+    ({"gpt2": 1, "lama": 1}, 2, ["'lama'", "did you mean 'llama'", "model.policies"]),
+    ({"gpt2": 1, "llama": 1}, 3, ["would idle"]),
+])
+def test_bad_disjoint_plans_name_the_field_and_the_fix(ranks, world, words):
+    with pytest.raises(ConfigError) as info:
+        build_placement("disjoint", ranks, NAMES, world)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_disjoint_on_one_rank_for_two_policies_is_refused():
+    with pytest.raises(ConfigError, match="does not divide evenly"):
+        build_placement("disjoint", None, NAMES, 1)
+
+
+def test_unknown_placement_and_policy_ranks_with_colocated_are_refused():
+    with pytest.raises(ConfigError, match="did you mean 'disjoint'"):
+        build_placement("disjiont", None, NAMES, 2)
+    with pytest.raises(ConfigError, match="only applies to trainer.placement: disjoint"):
+        build_placement("colocated", {"gpt2": 1, "llama": 1}, NAMES, 2)
+
+
+@pytest.mark.parametrize("n, size", [(16, 2), (16, 3), (5, 4), (7, 7), (3, 1)])
+def test_shards_are_contiguous_whole_prompts_whose_union_is_the_batch(n, size):
+    items = list(range(n))
+    shards = [items[slice(*shard_bounds(n, i, size))] for i in range(size)]
+    assert sum(shards, []) == items
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+def _rows(ranks=((0,), (1,))):
+    return [PolicyPlacement(name, "gpt2", 1000, 300, r, "cpu", "s", "32-true", 1, 0.1)
+            for name, r in zip(NAMES, ranks)]
+
+
+def _validate(**overrides):
+    kwargs = dict(device="cpu", devices_per_node=2, available_devices=None, cores=2, threads=1, threads_given=True,
+                  batch_size=16, framework_gib=0.5, device_memory_gib=24.0)
+    kwargs.update(overrides)
+    validate_resources(_rows(), build_placement("disjoint", None, NAMES, 2), **kwargs)
+
+
+def test_a_plan_that_fits_passes():
+    _validate()
+
+
+def test_threads_times_workers_above_the_cores_is_refused_with_the_fix():
+    with pytest.raises(ConfigError) as info:
+        _validate(threads=2)
+    assert "trainer.num_threads=2 x 2 worker(s)" in str(info.value) and "--trainer.num_threads 1" in str(info.value)
+    _validate(threads=2, threads_given=False)  # derived, not asked: no error (the loop derives 1 here)
+
+
+def test_more_devices_than_the_node_has_is_refused():
+    with pytest.raises(ConfigError, match="this node has 1 cuda device"):
+        _validate(device="cuda", available_devices=1, device_memory_gib=80.0)
+
+
+def test_memory_over_a_known_device_size_is_refused():
+    with pytest.raises(ConfigError, match="needs an estimated"):
+        _validate(device_memory_gib=0.5)
+
+
+def test_a_group_larger_than_the_batch_is_refused():
+    with pytest.raises(ConfigError, match="data.batch_size=1"):
+        validate_resources(_rows(((0, 1), (0, 1))), build_placement("colocated", None, NAMES, 2), device="cpu",
+                           devices_per_node=2, available_devices=None, cores=2, threads=1, threads_given=True,
+                           batch_size=1, framework_gib=0.5, device_memory_gib=24.0)
+
+
+def test_memory_estimate_counts_optimizer_state_and_the_reference_model():
+    shape = ModelShape("gpt2", params=1_000_000, vocab=100, hidden=8, layers=1, heads=1)
+
+    class P:
+        num_generations, micro_batch_size, max_prompt_length, max_completion_length, beta = 1, None, 1, 1, 0.0
+
+    without = policy_memory_bytes(shape, P(), 1)
+    P.beta = 0.1
+    with_ref = policy_memory_bytes(shape, P(), 1)
+    assert 16_000_000 < without < 16_100_000  # 16 bytes per parameter + a few KB of activations
+    assert with_ref - without == 4_000_000
+
+
+def test_metrics_from_a_policy_group_combine_by_kind():
+    merged = combine_metrics([
+        {"train/p/loss": 0.25, "rollout/p/reward_mean": 0.5, "train/p/ratio_max": 1.1, "probe/sgt/p/transfers": 2.0,
+         "exchange/records_held": 10.0, "rollout/q/reward_mean": 0.9},
+        {"train/p/loss": 0.5, "rollout/p/reward_mean": 0.7, "train/p/ratio_max": 1.3, "probe/sgt/p/transfers": 3.0,
+         "exchange/records_held": 10.0},
+    ])
+    assert merged == pytest.approx({"train/p/loss": 0.75, "rollout/p/reward_mean": 0.6, "train/p/ratio_max": 1.3,
+                                    "probe/sgt/p/transfers": 5.0, "exchange/records_held": 10.0,
+                                    "rollout/q/reward_mean": 0.9})
