@@ -1,13 +1,13 @@
 """The ``mrl`` command.
 
 ``mrl fit --config configs/default.yaml [--config callbacks/sgt.yaml] [--trainer.max_steps N]``
-runs training through LightningCLI with :class:`MRLTrainer` (a Fabric loop, not a
-``Trainer`` subclass), so ``--print_config``, stacked ``--config`` files, dotted
-overrides and ``--ckpt_path`` behave as Lightning users expect. The resolved config is
-saved as ``config.yaml`` in the run folder.
+runs training through LightningCLI (:class:`mrl_lightning.fit_cli.MRLCLI`); ``mrl fit
+--help`` lists every option. ``mrl thl ...`` (THL alignment report, ``docs/thl.md``) and
+``mrl bandit ...`` (contextual-bandit analysis, ``docs/bandit.md``) are plain sub-programs.
 
-``mrl thl ...`` (THL alignment report) and ``mrl bandit ...`` (contextual-bandit
-analysis) are plain sub-programs; ``mrl thl --help`` and ``mrl bandit --help`` say more.
+Start-up: this module imports nothing heavy. Lightning, torch and the models are imported
+only by the sub-command that needs them, so ``mrl --help`` answers at once and ``mrl thl``
+/ ``mrl bandit`` never import Lightning.
 """
 
 from __future__ import annotations
@@ -15,13 +15,7 @@ from __future__ import annotations
 import sys
 import traceback
 
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-
-from mrl_lightning.data.stream import PromptDataModule
 from mrl_lightning.errors import ConfigError
-from mrl_lightning.mwra.workers import WorkerError
-from mrl_lightning.system import MutualRL
-from mrl_lightning.trainer import MRLTrainer
 
 USAGE = """usage: mrl {fit,thl,bandit} ...
 
@@ -31,55 +25,30 @@ USAGE = """usage: mrl {fit,thl,bandit} ...
         THL alignment report between two tokenizers (`mrl thl --help`)
   mrl bandit --out DIR
         contextual-bandit analysis of the probes (`mrl bandit --help`)
+
+Documentation: docs/README.md
 """
 
 
-class MRLCLI(LightningCLI):
-    """LightningCLI wired to MutualRL, a PromptDataModule subclass (``class_path``) and MRLTrainer."""
+def __getattr__(name: str):
+    """``mrl_lightning.cli.MRLCLI``, imported on first use (it pulls in Lightning)."""
+    if name == "MRLCLI":
+        from mrl_lightning.fit_cli import MRLCLI
 
-    def __init__(self, args=None, run: bool = True) -> None:
-        super().__init__(
-            model_class=MutualRL,
-            datamodule_class=PromptDataModule,
-            trainer_class=MRLTrainer,
-            save_config_callback=None,
-            subclass_mode_data=True,
-            auto_configure_optimizers=False,
-            seed_everything_default=0,
-            args=args,
-            run=run,
-            parser_kwargs={"fit": {"default_env": False}},
-        )
-
-    @staticmethod
-    def subcommands() -> dict[str, set[str]]:
-        """Only ``fit`` is implemented; model and datamodule come from the config."""
-        return {"fit": {"model", "datamodule"}}
-
-    def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        # MRLTrainer owns a Fabric; it is added without Trainer's assumptions.
-        parser.add_class_arguments(MRLTrainer, "trainer", fail_untyped=False, instantiate=False, sub_configs=True)
-        parser.add_lightning_class_args(MutualRL, "model")
-        parser.add_lightning_class_args(PromptDataModule, "data", subclass_mode=True)
-
-    def _parse_ckpt_path(self) -> None:
-        """Skip LightningCLI's hyper-parameter read of ``--ckpt_path``.
-
-        Our checkpoints hold no ``hyper_parameters`` (the config is the YAML), and
-        LightningCLI's raw ``torch.load`` would crash with a bare traceback on a truncated
-        file; :func:`mrl_lightning.checkpoint.load_checkpoint` reads and checks the file
-        instead, with an error that names it.
-        """
-
-    def before_fit(self) -> None:
-        """Hand the resolved config to the trainer, which saves it in the run folder."""
-        self.trainer.config_text = self._parser("fit").dump(self.config["fit"], skip_none=False)
-        if self.trainer.seed is None:
-            self.trainer.seed = self.config["fit"].get("seed_everything")
+        return MRLCLI
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``mrl``."""
+    """Entry point of ``mrl``.
+
+    Args:
+        argv: Arguments after ``mrl`` (``None`` = ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 on success (``mrl --help`` included), 1 on a worker error, 2 on
+        a configuration error or no sub-command (the usage then goes to stderr).
+    """
     from_shell = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "thl":
@@ -91,9 +60,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return bandit_main(argv[1:])
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
-        if not argv:
-            return 2
+        print(USAGE, end="", file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    from mrl_lightning.fit_cli import MRLCLI
+    from mrl_lightning.mwra.workers import WorkerError
+
     try:
         MRLCLI(args=None if from_shell else argv)
     except WorkerError as exc:

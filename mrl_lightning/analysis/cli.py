@@ -20,8 +20,6 @@ import sys
 import time
 
 from mrl_lightning.analysis.config import PROBES_BY_NAME, BanditConfig
-from mrl_lightning.analysis.report import summary_table, write_results
-from mrl_lightning.analysis.simulate import run_analysis
 
 _DEFAULTS = {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
              for f in dataclasses.fields(BanditConfig)}
@@ -120,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         print(f"mrl bandit: error: --out {args.out} is a file; give a folder (created if missing).", file=sys.stderr)
         return 2
+    from mrl_lightning.analysis.report import summary_table, write_results  # matplotlib: only when run
+    from mrl_lightning.analysis.simulate import run_analysis
+
     start = time.perf_counter()
     results = run_analysis(cfg)
     results["runtime_s"] = round(time.perf_counter() - start, 2)

@@ -103,13 +103,100 @@ def write_results(results: dict, out_dir: str | Path) -> dict[str, Path]:
     return paths
 
 
+_SGT_EXTRA_MARKERS = ("^", "p", "h", "<", ">")
+_LABEL_PT = 8  # label font size, points
+_MARKER_S = 60  # scatter marker area, points^2
+
+
+def probe_style(p: dict, index_among_extra_sgt: int = 0) -> tuple[str, str]:
+    """(colour, marker) of one probe on the plane: colour by kind, marker unique per arm.
+
+    Args:
+        p: One entry of ``results["probes"]``.
+        index_among_extra_sgt: Position of an extra SGT arm (``sgt@<lambda>``) among the extra ones.
+
+    Returns:
+        A matplotlib colour name and marker code.
+    """
+    if p["kind"] == "prp":
+        return _COLORS["prp"], _MARKERS[p["is_mode"]]
+    if p["kind"] == "sgt" and p["name"] != "sgt":
+        return _COLORS["sgt"], _SGT_EXTRA_MARKERS[index_among_extra_sgt % len(_SGT_EXTRA_MARKERS)]
+    return _COLORS[p["kind"]], {"none": "o", "xgrpo": "X", "sgt": "o"}[p["kind"]]
+
+
+def _overlaps(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def place_labels(
+    points: list[tuple[float, float]], sizes: list[tuple[float, float]], frame: tuple[float, float, float, float],
+    marker_radius: float,
+) -> list[tuple[float, float]]:
+    """Offsets that keep labels clear of each other, of every marker and inside the frame.
+
+    Greedy: each label, in order, takes the first free slot among right/left of its point,
+    then rows further up and down. All quantities are in points (1/72 inch) of display space.
+
+    Args:
+        points: ``[P]`` marker centres ``(x, y)``.
+        sizes: ``[P]`` label ``(width, height)``.
+        frame: ``(x0, y0, x1, y1)`` box the labels must stay inside (the axes).
+        marker_radius: Half the marker's extent; labels keep this far from every centre.
+
+    Returns:
+        ``[P]`` offsets ``(dx, dy)`` of each label's lower-left corner from its point.
+    """
+    gap = 3.0
+    placed: list[tuple[float, float, float, float]] = []
+    markers = [(x - marker_radius, y - marker_radius, x + marker_radius, y + marker_radius) for x, y in points]
+    out = []
+    for (x, y), (w, h) in zip(points, sizes):
+        candidates = []
+        for row in range(0, 12):
+            for dy in ((-h / 2,) if row == 0 else (-h / 2 + row * (h + 2), -h / 2 - row * (h + 2))):
+                for dx in (marker_radius + gap, -marker_radius - gap - w):
+                    candidates.append((dx, dy))
+        choice = candidates[0]
+        for dx, dy in candidates:
+            box = (x + dx, y + dy, x + dx + w, y + dy + h)
+            inside = frame[0] <= box[0] and box[2] <= frame[2] and frame[1] <= box[1] and box[3] <= frame[3]
+            if inside and not any(_overlaps(box, o) for o in placed + markers):
+                choice = (dx, dy)
+                break
+        placed.append((x + choice[0], y + choice[1], x + choice[0] + w, y + choice[1] + h))
+        out.append(choice)
+    return out
+
+
 def plot_plane(results: dict, path: Path) -> None:
-    """The stability-support plane: one point per probe in four panels.
+    """Writes the stability-support plane (:func:`plane_figure`) as a PNG.
 
     Args:
         results: Output of ``run_analysis``.
         path: PNG to write.
     """
+    fig = plane_figure(results)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plane_figure(results: dict):
+    """The stability-support plane: one point per probe in four panels.
+
+    Every arm has its own marker (colour by probe kind), explained in one legend below the
+    panels, so no legend covers a point; each point also carries its name, placed clear of
+    the other labels and markers (:func:`place_labels`), with a thin leader line when it
+    had to move away from its point's row.
+
+    Args:
+        results: Output of ``run_analysis``.
+
+    Returns:
+        The matplotlib figure (the caller saves and closes it).
+    """
+    from matplotlib.lines import Line2D
+
     panels = (
         ("variance_weak", "update variance, weak contexts (per context)", True),
         ("variance", "update variance, all contexts (per context)", True),
@@ -117,32 +204,64 @@ def plot_plane(results: dict, path: Path) -> None:
         ("share_lowering_weak", "share of updates lowering E[r | x], weak contexts", False),
     )
     cfg = results["config"]
+    probes = results["probes"]
     init = sum(results["problem"]["initial_weak_support"].values()) / len(FAMILIES)
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8.5))
+    extra = [p["name"] for p in probes if p["kind"] == "sgt" and p["name"] != "sgt"]
+    styles = [probe_style(p, extra.index(p["name"]) if p["name"] in extra else 0) for p in probes]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 9), dpi=110)
+    placed_axes = []
     for ax, (key, label, log) in zip(axes.ravel(), panels):
-        for idx, p in enumerate(results["probes"]):
-            x = p["init"][key]
-            y = p["support_weak_final_mean"]
-            ax.scatter([max(x, 1e-12) if log else x], [y], s=60, color=_COLORS[p["kind"]],
-                       marker=_MARKERS.get(p["is_mode"], "o"), edgecolor="k", zorder=3)
-            ax.annotate(p["name"], (max(x, 1e-12) if log else x, y), textcoords="offset points",
-                        xytext=(5, 4 - 9 * (idx % 3)), fontsize=8)
+        xs = [max(p["init"][key], 1e-12) if log else p["init"][key] for p in probes]
+        ys = [max(p["support_weak_final_mean"], 1e-12) for p in probes]
+        for x, y, (color, marker) in zip(xs, ys, styles):
+            ax.scatter([x], [y], s=_MARKER_S, color=color, marker=marker, edgecolor="k", alpha=0.85, zorder=3)
         if log:
             ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.axhline(cfg["support_threshold"], ls="--", color="k", lw=0.8, label="support threshold")
-        ax.axhline(init, ls=":", color="gray", lw=0.8, label="initial weak support")
+        ax.axhline(cfg["support_threshold"], ls="--", color="k", lw=0.8)
+        ax.axhline(init, ls=":", color="gray", lw=0.8)
         ax.set_xlabel(label + " at step 0")
         ax.set_ylabel(f"weak-context support after {cfg['steps']} steps")
         ax.grid(alpha=0.3, which="both")
-    axes[0, 0].legend(fontsize=8, loc="lower right")
+        ax.margins(x=0.15, y=0.12)
+        placed_axes.append((ax, xs, ys))
+    handles = [Line2D([], [], ls="", marker=m, color=c, markeredgecolor="k", markersize=8, label=p["name"])
+               for p, (c, m) in zip(probes, styles)]
+    handles += [Line2D([], [], ls="--", color="k", lw=0.8, label="support threshold"),
+                Line2D([], [], ls=":", color="gray", lw=0.8, label="initial weak support")]
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)
     fig.suptitle(
         f"Stability-support plane (N={cfg['num_contexts']}, K={cfg['num_actions']}, "
         f"G={cfg['group_size']}, THL residual={cfg['residual']}, seed={cfg['seed']})"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    rows = -(-len(handles) // 5)
+    fig.tight_layout(rect=(0, 0.01 + 0.022 * rows, 1, 1))
+    renderer = fig.canvas.get_renderer()
+    to_pt = 72.0 / fig.dpi
+    radius = (_MARKER_S ** 0.5) / 2 + 1.5
+    for ax, xs, ys in placed_axes:
+        pix = ax.transData.transform(list(zip(xs, ys)))
+        points = [(px * to_pt, py * to_pt) for px, py in pix]
+        texts = [ax.annotate(p["name"], (x, y), textcoords="offset points", xytext=(0, 0), fontsize=_LABEL_PT,
+                             ha="left", va="bottom", annotation_clip=False) for p, x, y in zip(probes, xs, ys)]
+        sizes = []
+        for t in texts:
+            bb = t.get_window_extent(renderer)
+            sizes.append((bb.width * to_pt, bb.height * to_pt))
+        frame = ax.get_window_extent(renderer)
+        box = (frame.x0 * to_pt + 2, frame.y0 * to_pt + 2, frame.x1 * to_pt - 2, frame.y1 * to_pt - 2)
+        order = sorted(range(len(points)), key=lambda i: (-points[i][1], points[i][0]))
+        offsets = place_labels([points[i] for i in order], [sizes[i] for i in order], box, radius)
+        for i, (dx, dy) in zip(order, offsets):
+            texts[i].xyann = (dx, dy)
+            if abs(dy + sizes[i][1] / 2) > sizes[i][1]:  # moved off its point's row: draw a leader line
+                texts[i].arrow_patch = None
+                texts[i].remove()
+                ax.annotate(probes[i]["name"], (xs[i], ys[i]), textcoords="offset points", xytext=(dx, dy),
+                            fontsize=_LABEL_PT, ha="left", va="bottom", annotation_clip=False,
+                            arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.35", "shrinkA": 0,
+                                        "shrinkB": radius})
+    return fig
 
 
 def plot_success(results: dict, path: Path) -> None:

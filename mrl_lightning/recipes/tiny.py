@@ -9,7 +9,10 @@ one part of the task and unable to do the other. This recipe:
 3. warm-starts it by supervised training on ``warm_start_part`` only, with the
    policy's own prompt template and completions retokenized exactly as the policy would
    receive a peer's text (THL ``retokenize``), until greedy accuracy on that part's
-   held-out prompts reaches ``warm_start_target`` or ``warm_start_steps`` run out,
+   held-out prompts reaches ``warm_start_target`` or ``warm_start_steps`` run out; a
+   warm-start that ends below its target says so in a ``warning:`` line naming the policy,
+   the reached accuracy and the target, and records ``target_reached: false`` with the
+   same line in ``warm_start.json`` (the line is printed again on every cache hit),
 4. saves model and tokenizer with ``save_pretrained`` into a cache folder named by a
    hash of everything above; the policy then loads it with ``from_pretrained``, the
    same path a user's own checkpoint takes. A second run finds the folder and skips
@@ -65,6 +68,33 @@ def save_model(model, out: Path) -> None:
     save_safetensors(model, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
+def warm_start_shortfall(
+    policy_name: str, part: str | None, accuracy: dict[str, float], target: float, steps: int
+) -> str | None:
+    """The warning line for a warm-start that ended below its target; None when it reached it.
+
+    Args:
+        policy_name: The policy the recipe built.
+        part: ``warm_start_part`` (None: no warm-start, so nothing to miss).
+        accuracy: Greedy accuracy per data part at the last check, in [0, 1].
+        target: ``warm_start_target``, in [0, 1].
+        steps: Supervised steps run.
+
+    Returns:
+        ``"[<policy>] warning: warm-start stopped at step <steps> below its target: greedy
+        accuracy <a> on '<part>' < warm_start_target <t> ..."``, or None.
+    """
+    if part is None:
+        return None
+    reached = accuracy.get(part)
+    if reached is not None and reached >= target:
+        return None
+    shown = "not measured" if reached is None else f"{reached:.2f}"
+    return (f"[{policy_name}] warning: warm-start stopped at step {steps} below its target: greedy accuracy "
+            f"{shown} on {part!r} < warm_start_target {target:g}. Training starts from this model; raise "
+            "warm_start_steps (or lower warm_start_target) for a stronger start.")
+
+
 class TinyCausalLM:
     """Recipe for a tiny, optionally warm-started causal LM.
 
@@ -77,7 +107,8 @@ class TinyCausalLM:
         num_heads: Attention heads.
         warm_start_part: Task part to warm-start on; None = random init.
         warm_start_steps: Maximum supervised steps.
-        warm_start_target: Stop early at this greedy accuracy on the part's eval prompts.
+        warm_start_target: Stop early at this greedy accuracy on the part's eval prompts; a
+            warm-start that ends below it prints a warning line (see :func:`warm_start_shortfall`).
         warm_start_batch_size: Examples per supervised step.
         warm_start_lr: AdamW learning rate of the warm-start.
         eval_every: Supervised steps between accuracy checks.
@@ -157,6 +188,11 @@ class TinyCausalLM:
         final = root / f"{self.family}-{self.tokenizer_kind}-{self.cache_key(policy, datamodule)}"
         if (final / "warm_start.json").is_file():
             log(f"[{policy.policy_name}] warm-start cache hit: {final}")
+            report = json.loads((final / "warm_start.json").read_text())
+            warning = warm_start_shortfall(policy.policy_name, self.warm_start_part, report.get("accuracy", {}),
+                                           self.warm_start_target, report.get("steps", 0))
+            if warning:
+                log(warning)
             return final
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
@@ -244,6 +280,10 @@ class TinyCausalLM:
                         f"greedy accuracy {acc} ({time.perf_counter() - start:.0f} s)")
                     if acc[part] >= self.warm_start_target or step >= self.warm_start_steps:
                         break
-            return {"steps": step, "accuracy": acc, "seconds": time.perf_counter() - start}
+            warning = warm_start_shortfall(policy.policy_name, part, acc, self.warm_start_target, step)
+            if warning:
+                log(warning)
+            return {"steps": step, "accuracy": acc, "seconds": time.perf_counter() - start,
+                    "target": self.warm_start_target, "target_reached": warning is None, "warning": warning}
         finally:
             policy.tokenizer = policy_tok

@@ -1,0 +1,62 @@
+"""``mrl fit``: LightningCLI wired to :class:`MutualRL`, a prompt data module and :class:`MRLTrainer`.
+
+Imported only when ``mrl fit`` runs (``mrl_lightning.cli`` keeps ``mrl --help``,
+``mrl thl`` and ``mrl bandit`` free of Lightning, which takes seconds to import).
+:class:`MRLTrainer` is a Fabric loop, not a ``Trainer`` subclass, so ``--print_config``,
+stacked ``--config`` files, dotted overrides and ``--ckpt_path`` behave as Lightning users
+expect. The resolved config is saved as ``config.yaml`` in the run folder.
+"""
+
+from __future__ import annotations
+
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from mrl_lightning.data.stream import PromptDataModule
+from mrl_lightning.system import MutualRL
+from mrl_lightning.trainer import MRLTrainer
+
+DESCRIPTION = "Train several policies together with GRPO and experience sharing (docs/README.md)."
+
+
+class MRLCLI(LightningCLI):
+    """LightningCLI wired to MutualRL, a PromptDataModule subclass (``class_path``) and MRLTrainer."""
+
+    def __init__(self, args=None, run: bool = True) -> None:
+        super().__init__(
+            model_class=MutualRL,
+            datamodule_class=PromptDataModule,
+            trainer_class=MRLTrainer,
+            save_config_callback=None,
+            subclass_mode_data=True,
+            auto_configure_optimizers=False,
+            seed_everything_default=0,
+            args=args,
+            run=run,
+            parser_kwargs={"description": DESCRIPTION, "fit": {"default_env": False}},
+        )
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """Only ``fit`` is implemented; model and datamodule come from the config."""
+        return {"fit": {"model", "datamodule"}}
+
+    def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # MRLTrainer owns a Fabric; it is added without Trainer's assumptions.
+        parser.add_class_arguments(MRLTrainer, "trainer", fail_untyped=False, instantiate=False, sub_configs=True)
+        parser.add_lightning_class_args(MutualRL, "model")
+        parser.add_lightning_class_args(PromptDataModule, "data", subclass_mode=True)
+
+    def _parse_ckpt_path(self) -> None:
+        """Skip LightningCLI's hyper-parameter read of ``--ckpt_path``.
+
+        Our checkpoints hold no ``hyper_parameters`` (the config is the YAML), and
+        LightningCLI's raw ``torch.load`` would crash with a bare traceback on a truncated
+        file; :func:`mrl_lightning.checkpoint.load_checkpoint` reads and checks the file
+        instead, with an error that names it.
+        """
+
+    def before_fit(self) -> None:
+        """Hand the resolved config to the trainer, which saves it in the run folder."""
+        self.trainer.config_text = self._parser("fit").dump(self.config["fit"], skip_none=False)
+        if self.trainer.seed is None:
+            self.trainer.seed = self.config["fit"].get("seed_everything")
