@@ -1,4 +1,4 @@
-"""Probe comparison on the embedded default (issue 4 item 3; SPEC 3, 8). Not a test.
+"""Probe comparison on the embedded default (docs/probes.md, docs/default.md). Not a test.
 
 Runs ``configs/default.yaml`` under every arm (default: none, PRP, XGRPO, SGT) with
 several ``seed_everything`` values, each run a ``mrl fit`` subprocess with one thread
@@ -18,8 +18,8 @@ hash of the recipe (its own ``seed`` stays fixed), so only the first run builds 
 one-step run builds it before the parallel runs start. ``seed_everything`` changes
 sampling and data order only. Finished runs (``done.json``) are skipped on a rerun.
 
-Arms: ``none``, ``prp`` (truncate), ``prp_clip``, ``prp_none`` (the weight modes of SPEC
-3.2, c = 2), ``xgrpo``, ``sgt``: each is ``callbacks/<snippet>.yaml`` stacked on the default.
+Arms: ``none``, ``prp`` (truncate), ``prp_clip``, ``prp_none`` (the PRP weight modes of
+docs/probes.md, c = 2), ``xgrpo``, ``sgt``: each is ``callbacks/<snippet>.yaml`` stacked on the default.
 
 Cost, measured on this 2-core CPU (default.yaml: B = 16, G = 8, two policies; two runs at a
 time, one thread each): the default invocation (4 arms x 3 seeds x 500 steps) took 25.8 min;

@@ -1,4 +1,4 @@
-"""Benchmark: THL byte-chunk alignment vs a dynamic-programming token aligner (issue 3).
+"""Benchmark: THL byte-chunk alignment vs a dynamic-programming token aligner (docs/thl.md).
 
 Not a test. 1,000 synthetic completions of about 256 Mistral-v1 (SentencePiece) tokens
 each are mapped onto Tekken: per-token sampling log-probs (synthetic, nats) go from

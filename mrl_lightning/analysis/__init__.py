@@ -1,4 +1,4 @@
-"""Contextual-bandit analysis of the probes (SPEC 7), run by ``mrl bandit``.
+"""Contextual-bandit analysis of the probes (docs/bandit.md), run by ``mrl bandit``.
 
 Modules: ``bandit`` (problem, policies, sampling, THL residual), ``updates`` (per-probe
 update rules as pure functions), ``config`` (settings and probe arms), ``simulate``

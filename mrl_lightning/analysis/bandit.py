@@ -1,24 +1,24 @@
-"""The tabular contextual bandit of SPEC 7: problem, policies, sampling and THL residual.
+"""The tabular contextual bandit of docs/bandit.md: problem, policies, sampling and THL residual.
 
 Objective. A finite stand-in for Mutual RL where every quantity the probes touch can be
 computed exactly or sampled cheaply: contexts ``x`` (prompts), actions ``y`` (whole
 completions), a verifier reward ``r(x, y)`` in {0, 1}, and two softmax policies
 ("families" A and B) with one logits table each. Family A starts good on the first half
-of the contexts and near-zero on the second; family B the reverse (SPEC 7: "each good
-where the other is weak").
+of the contexts and near-zero on the second; family B the reverse (each good where the
+other is weak).
 
 How it departs from the LM setting, on purpose:
 
 - A completion is one action, so token-level and sequence-level importance weights
   (PRP ``is_level``) coincide, and ``mu = 1`` on-policy steps make the PPO ratio 1 and the
   clip inactive for own samples: the GRPO update is the score-function estimator
-  ``A_k * grad log pi(y_k | x)`` (SPEC 2 with ``rho_t = 1``, ``beta = 0``).
+  ``A_k * grad log pi(y_k | x)`` (docs/grpo.md with ``rho_t = 1``, ``beta = 0``).
 - The logits table is the parameter, so ``grad_logits log pi(y | x) = onehot(y) - pi(. | x)``
   and each context's row is touched only by that context's samples.
-- The THL residual (SPEC 4) is modelled as the probability ``p`` that a transferred action
+- The THL residual (docs/thl.md) is modelled as the probability ``p`` that a transferred action
   arrives corrupted: replaced by an action drawn uniformly from all ``K`` (it may by chance
   be the original). The reward and the source's sampling log-prob travel with the record
-  unchanged, since both were computed on the source side (SPEC 5).
+  unchanged, since both were computed on the source side (docs/see.md).
 
 Shapes: ``N`` contexts, ``K`` actions, ``G`` own samples per context, ``M`` peer samples
 per context; ``...`` is any leading batch shape (Monte-Carlo draws, training replicas,
@@ -234,7 +234,7 @@ def expected_reward(logits: np.ndarray, reward: np.ndarray) -> np.ndarray:
     """Exact expected reward per context, ``sum_y pi(y | x) r(x, y)``.
 
     Since rewards are {0, 1}, this is also the probability mass on correct actions: the
-    "support" of SPEC 7.
+    "support" of docs/bandit.md.
 
     Args:
         logits: ``[..., N, K]`` float64.

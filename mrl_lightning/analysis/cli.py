@@ -1,4 +1,4 @@
-"""``mrl bandit``: the contextual-bandit analysis of SPEC 7 from the command line.
+"""``mrl bandit``: the contextual-bandit analysis (docs/bandit.md) from the command line.
 
 Usage::
 
@@ -60,8 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     """
     parser = argparse.ArgumentParser(
         prog="mrl bandit",
-        description="Contextual-bandit analysis of the probes (SPEC 7): stability-support plane "
-        "and success over training.",
+        description="Contextual-bandit analysis of the probes: stability-support plane and success over "
+        "training (docs/bandit.md).",
     )
     parser.add_argument("--out", required=True, help="output directory (created if missing)")
     for flag, field, typ, text in _OPTIONS:

@@ -1,4 +1,4 @@
-"""Settings of the contextual-bandit analysis (SPEC 7) and the probes it compares.
+"""Settings of the contextual-bandit analysis (docs/bandit.md) and the probes it compares.
 
 One frozen dataclass, validated at construction and reporting every problem at once, so
 that a bad command line fails before any simulation starts.
@@ -19,7 +19,7 @@ class ProbeSpec:
 
     Attributes:
         name: Label in tables and figures, e.g. ``"prp-clip"``.
-        kind: ``"none"``, ``"prp"``, ``"xgrpo"`` or ``"sgt"`` (SPEC 3.1-3.4).
+        kind: ``"none"``, ``"prp"``, ``"xgrpo"`` or ``"sgt"`` (docs/probes.md).
         is_mode: PRP weight mode (``"truncate"``, ``"clip"``, ``"none"``); ``None`` otherwise.
         lambda_sgt: SGT transfer weight overriding ``BanditConfig.lambda_sgt`` (extra SGT
             points on the plane); ``None`` = use the config's.

@@ -1,4 +1,4 @@
-"""Writes the bandit analysis (SPEC 7): JSON, CSV, PNG figures and a summary table.
+"""Writes the bandit analysis (docs/bandit.md): JSON, CSV, PNG figures and a summary table.
 
 Files written into the output directory:
 

@@ -1,4 +1,4 @@
-"""Sampling, training and Monte-Carlo measurement of each probe on the bandit (SPEC 7).
+"""Sampling, training and Monte-Carlo measurement of each probe on the bandit (docs/bandit.md).
 
 One stochastic update of a probe: both families sample ``G`` actions per context from
 their current policies; the verifier scores them; transferred actions pass the THL

@@ -1,4 +1,4 @@
-"""Per-probe policy updates on given samples: pure functions of the bandit (SPEC 2, 3, 7).
+"""Per-probe policy updates on given samples: pure functions of the bandit (docs/bandit.md).
 
 Every function here is deterministic: it receives the samples already drawn (own group,
 peer samples as they arrived through THL) and returns the ascent direction on the
@@ -7,8 +7,8 @@ receiver's logits table. Randomness lives in :mod:`mrl_lightning.analysis.simula
 Conventions shared by all rules:
 
 - ``grad_logits log pi(y | x) = onehot(y) - pi(. | x)`` (tabular softmax).
-- Group advantages follow SPEC 2 ``scale_rewards = "group"`` with TRL's numbers: the std
-  is Bessel-corrected and ``eps = 1e-4`` (FIELD_NOTES, TRL reference point). A
+- Group advantages follow docs/grpo.md ``scale_rewards = "group"`` with TRL's numbers: the
+  std is Bessel-corrected and ``eps = 1e-4`` (TRL's ``GRPOTrainer``). A
   zero-variance group therefore gets advantages of exactly 0.
 - Aggregation is ``loss_type = "grpo"`` with one-token completions: the mean over the
   sequences of the (possibly pooled) group. The returned update is that per-prompt
@@ -32,7 +32,7 @@ ADV_EPS = 1e-4
 
 
 def group_advantages(rewards: np.ndarray, eps: float = ADV_EPS) -> np.ndarray:
-    """SPEC 2, ``scale_rewards = "group"``: ``A_k = (r_k - mean(r)) / (std(r) + eps)``.
+    """docs/grpo.md, ``scale_rewards = "group"``: ``A_k = (r_k - mean(r)) / (std(r) + eps)``.
 
     Args:
         rewards: ``[..., N, G]`` float64, ``G >= 2``.
@@ -76,7 +76,7 @@ def score_direction(probs: np.ndarray, actions: np.ndarray, coef: np.ndarray) ->
 def grpo_update(
     probs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, eps: float = ADV_EPS
 ) -> np.ndarray:
-    """Plain GRPO, the ``none`` probe (SPEC 2, 3.1): ``(1/G) sum_k A_k grad log pi(y_k | x)``.
+    """Plain GRPO, the ``none`` probe (docs/bandit.md): ``(1/G) sum_k A_k grad log pi(y_k | x)``.
 
     Args:
         probs: ``[..., N, K]`` receiver policy.
@@ -111,13 +111,13 @@ IS_MODES: dict[str, Callable[[np.ndarray, float], np.ndarray]] = {
     "clip": _clip,
     "none": _unweighted,
 }
-"""PRP weight modes of SPEC 3.2: ``min(rho, c)``, ``clip(rho, 1/c, c)``, ``1``."""
+"""PRP weight modes (docs/probes.md): ``min(rho, c)``, ``clip(rho, 1/c, c)``, ``1``."""
 
 
 def importance_weights(
     logp_receiver: np.ndarray, logp_source: np.ndarray, is_mode: str, cap: float
 ) -> np.ndarray:
-    """PRP importance weights (SPEC 3.2), ``rho = exp(logp_receiver - logp_source)`` then the mode.
+    """PRP importance weights (docs/bandit.md), ``rho = exp(logp_receiver - logp_source)`` then the mode.
 
     The weight multiplies the score term as a constant (no gradient through it), as in
     truncated importance sampling.
@@ -155,7 +155,7 @@ def prp_update(
     lambda_prp: float = 1.0,
     eps: float = ADV_EPS,
 ) -> np.ndarray:
-    """PRP, Peer Rollout Pooling (SPEC 3.2).
+    """PRP, Peer Rollout Pooling (docs/bandit.md).
 
     The group for advantages is own ``G`` plus peer ``M``; ``A`` is group-normalized over
     the ``G + M`` rewards. Then
@@ -207,7 +207,7 @@ def xgrpo_update(
     scale_source: str = "union",
     eps: float = ADV_EPS,
 ) -> np.ndarray:
-    """XGRPO, Cross-Policy GRPO Advantage Sharing (SPEC 3.3). Own samples only.
+    """XGRPO, Cross-Policy GRPO Advantage Sharing (docs/bandit.md). Own samples only.
 
         b(x) = (1 - alpha) * mean(R_i(x)) + alpha * mean(union R(x))
         s(x) = std(union R(x))  (or std(R_i(x)) with scale_source = "own")
@@ -258,7 +258,7 @@ def sgt_update(
     success_threshold: float = 1.0,
     eps: float = ADV_EPS,
 ) -> np.ndarray:
-    """SGT, Success-Gated Transfer (SPEC 3.4): GRPO on own samples plus a gated score term.
+    """SGT, Success-Gated Transfer (docs/bandit.md): GRPO on own samples plus a gated score term.
 
     Context ``x`` is in the rescue set when the own success rate is ``<= kappa`` and some
     peer sample succeeded (the verifier checked it on the source side). For those, up to

@@ -5,12 +5,12 @@ Probes compose: a run may list several (e.g. ``SharedExperienceExchange`` then
 ``on_compose_batch`` is called on every callback in *list order* on one
 :class:`~mrl_lightning.batch.TrainBatch` that starts with plain GRPO advantages:
 
-- ``CrossPolicyAdvantage`` (XGRPO, SPEC 3.3) and ``PeerRolloutPooling`` (PRP, SPEC 3.2)
+- ``CrossPolicyAdvantage`` (XGRPO) and ``PeerRolloutPooling`` (PRP; both in docs/probes.md)
   *replace* ``batch.advantages`` of the own samples, each computed from rewards (neither
   reads the incoming advantages). With both on, the one later in the list decides the
   own-sample advantages; PRP's peer loss term stays whatever the order. A note saying
   which one wins is printed at setup.
-- ``SuccessGatedTransfer`` (SGT, SPEC 3.4) and PRP *append* a loss term to
+- ``SuccessGatedTransfer`` (SGT, docs/probes.md) and PRP *append* a loss term to
   ``batch.aux_losses``; appended terms add up and never replace each other.
 - ``SharedExperienceExchange`` must come before every probe (probes read
   ``trainer.exchange``; each probe's ``config_errors`` checks that it is listed).

@@ -1,4 +1,4 @@
-"""NoSharing callback: the control arm "none" (SPEC 3.1).
+"""NoSharing callback: the control arm "none" (docs/probes.md).
 
 Independent GRPO per policy: same loop, same logs, nothing crosses between policies.
 It exists so that the control is chosen the same way as every probe

@@ -1,4 +1,4 @@
-"""SEE: Shared Experience Exchange (SPEC 5): typed records, the exchange buffer, its log."""
+"""SEE: Shared Experience Exchange (docs/see.md): typed records, the exchange buffer, its log."""
 
 from mrl_lightning.exchange.buffer import ExperienceExchange, record_key
 from mrl_lightning.exchange.log import read_log

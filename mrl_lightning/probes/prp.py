@@ -1,7 +1,7 @@
-"""PRP: Peer Rollout Pooling, as pure tensor functions (SPEC 3.2).
+"""PRP: Peer Rollout Pooling, as pure tensor functions (docs/probes.md).
 
 Receiver i pools up to M peer rollouts per prompt (already retokenized into i's tokens by
-THL) with its own G. Advantages use the pooled group of G + M rewards (SPEC 2 formulas).
+THL) with its own G. Advantages use the pooled group of G + M rewards (docs/grpo.md formulas).
 Peer samples are off-policy, so their surrogate carries an importance weight.
 
 Objective for a peer token t (decoupled PPO, Hilton et al. 2021, "Batch size-invariance
@@ -22,7 +22,7 @@ logp_recv == logp_src, every weight is exactly 1, and l_t is GRPO's own-sample t
 with the pooled advantages: PRP equals GRPO with a group of G + M.
 
 Combining with the own loss: :func:`prp_surrogate_loss` aggregates over peer sequences only
-(``loss_type`` as SPEC 2) and multiplies by ``lambda_prp``. GRPO over the pooled group is
+(``loss_type`` as docs/grpo.md) and multiplies by ``lambda_prp``. GRPO over the pooled group is
 recovered by weighting the own and peer losses by their share of sequences (``grpo``) or
 tokens (``bnpo``/``dapo``); or concatenate :func:`prp_token_losses` with the own token losses
 and aggregate once.
@@ -90,7 +90,7 @@ def prp_importance_weights(
     is_level: str = "token",
     c: float = 1.0,
 ) -> Tensor:
-    """Importance weights of peer samples, w = f(pi_i / pi_j) (SPEC 3.2).
+    """Importance weights of peer samples, w = f(pi_i / pi_j) (docs/probes.md).
 
     Computed in log space (clamping the log-ratio), so long sequences do not overflow.
 
@@ -126,7 +126,7 @@ def prp_pooled_advantages(
     scale_rewards: str = "group",
     eps: float = 1e-4,
 ) -> tuple[Tensor, Tensor]:
-    """GRPO advantages over the pooled group own G + present peers (SPEC 3.2, formulas SPEC 2).
+    """GRPO advantages over the pooled group own G + present peers (docs/probes.md, formulas docs/grpo.md).
 
     Mean and Bessel-corrected std (as TRL) are taken per prompt over own and present peer
     rewards; ``"batch"`` takes the std over every counted reward of the batch.
@@ -239,7 +239,7 @@ def prp_token_losses(
 def aggregate_token_losses(
     token_losses: Tensor, mask: Tensor, loss_type: str = "grpo", max_completion_length: int | None = None
 ) -> Tensor:
-    """Reduce ``[M, L]`` token losses to a scalar as SPEC 2 ``loss_type`` (TRL's names).
+    """Reduce ``[M, L]`` token losses to a scalar as docs/grpo.md ``loss_type`` (TRL's names).
 
     Thin wrapper over :func:`mrl_lightning.objectives.grpo.aggregate_loss` with this batch's
     own normalizers.
@@ -269,7 +269,7 @@ def prp_surrogate_loss(
     epsilon_high: float | None = None,
     max_completion_length: int | None = None,
 ) -> Tensor:
-    """lambda_prp times the aggregated peer loss (SPEC 3.2); 0 (with grad) when M = 0.
+    """lambda_prp times the aggregated peer loss (docs/probes.md); 0 (with grad) when M = 0.
 
     Arguments as :func:`prp_token_losses` and :func:`aggregate_token_losses`.
 
@@ -295,7 +295,7 @@ def prp_weight_metrics(
     is_level: str = "token",
     c: float = 1.0,
 ) -> dict[str, float]:
-    """What the importance weights did, under ``probe/`` (SPEC 3.2 "Logged").
+    """What the importance weights did, under ``probe/`` (docs/probes.md, PRP "Logged").
 
     Units are counted tokens (``is_level="token"``) or sequences (``"sequence"``).
     ESS = (sum w)^2 / sum w^2, reported divided by the number of units (1 = all equal).

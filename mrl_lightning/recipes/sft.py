@@ -1,7 +1,7 @@
 """Supervised warm-start helpers: batches of (prompt, reference completion) and greedy accuracy.
 
 Completion tokens come from THL ``retokenize`` so the warm-start teaches exactly the
-token sequence the policy later receives for a peer's text (SPEC 4).
+token sequence the policy later receives for a peer's text (docs/thl.md).
 """
 
 from __future__ import annotations

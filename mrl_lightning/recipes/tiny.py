@@ -1,6 +1,6 @@
 """TinyCausalLM: a tiny model of a chosen family, warm-started and cached on disk.
 
-The embedded default (SPEC 8) needs policies of different families that start good at
+The embedded default (docs/default.md) needs policies of different families that start good at
 one part of the task and unable to do the other. This recipe:
 
 1. trains a small tokenizer on the task text (``recipes/tokenizers.py``),

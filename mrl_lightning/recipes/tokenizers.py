@@ -1,15 +1,15 @@
 """Train small tokenizers locally and save them as Hugging Face fast tokenizers.
 
-The embedded default (SPEC 8) needs two policies whose tokenizers really differ, and on
-a CPU the vocabulary size dominates cost (FIELD_NOTES: log_softmax over V), so we train
-small vocabularies on task text with the ``tokenizers`` library, save them with
-``save_pretrained`` and load them back through ``AutoTokenizer.from_pretrained``, the
-same path a user's hub tokenizer takes.
+The embedded default (docs/default.md) needs two policies whose tokenizers really differ,
+and on a CPU the vocabulary size dominates cost (the log_softmax over V at every
+position), so we train small vocabularies on task text with the ``tokenizers`` library,
+save them with ``save_pretrained`` and load them back through
+``AutoTokenizer.from_pretrained``, the same path a user's hub tokenizer takes.
 
 Three kinds:
 
 - ``byte_level_bpe``: GPT-2 style byte-level BPE; digits are split one per token
-  (FIELD_NOTES: multi-digit merges slow the warm-start ~10x), words and spaces merge.
+  (multi-digit merges made the warm-start ~10x slower in a prototype), words and spaces merge.
 - ``sentencepiece_bpe``: Llama/SentencePiece style BPE over ``▁``-marked words with a
   dummy prefix and ``<0xHH>`` byte fallback; digits split.
 - ``char_level``: one token per character seen in training, byte fallback for the rest.

@@ -1,4 +1,4 @@
-"""Reward function interface (SPEC 1 step 3; TRL ``reward_funcs``).
+"""Reward function interface (docs/grpo.md "Rewards and success"; TRL ``reward_funcs``).
 
 A reward function scores completion *text*, so the reward never depends on the
 tokenizer. It returns one float per completion in [0, 1], or NaN where it cannot
@@ -19,7 +19,7 @@ class RewardFunction(ABC):
         name: Tag used in logs (``train/<policy>/reward_<name>``).
         version: Version string recorded in SuccessRecords.
         strict: True if a reward of 1.0 means an exactly right answer, so that its
-            successes may be shared as SuccessRecords (SPEC 3.4, 5).
+            successes may be shared as SuccessRecords (docs/see.md).
     """
 
     name: str = "reward"

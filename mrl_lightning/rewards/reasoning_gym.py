@@ -1,7 +1,7 @@
 """reasoning-gym verifiers as reward functions.
 
 reasoning-gym's own ``score_answer`` gives partial credit to substrings and to
-surrounding whitespace (FIELD_NOTES: "12345" vs gold "12" scores 0.4; " 8 " vs "8"
+surrounding whitespace (measured: "12345" vs gold "12" scores 0.4; " 8 " vs "8"
 scores 0.33). A SuccessRecord must only come from an exactly right answer, so the
 default ``strict=True`` returns 1.0 only when the verifier gives full credit to the
 completion's answer and 0.0 otherwise. The answer is the completion's first line,

@@ -1,4 +1,4 @@
-"""THL: Tokenizer Heterogeneity Layer (SPEC 4).
+"""THL: Tokenizer Heterogeneity Layer (docs/thl.md).
 
 Retokenize text into a target tokenizer's own ids, recover each token's exact bytes,
 align two segmentations on shared byte boundaries, map per-token traces across them,

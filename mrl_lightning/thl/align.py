@@ -1,10 +1,10 @@
-"""Align two segmentations of one text on shared byte boundaries (SPEC 4, issue 3 item 1).
+"""Align two segmentations of one text on shared byte boundaries (docs/thl.md).
 
 Both sides are given as the bytes (or byte spans) of their tokens, in order. A
 *boundary* of a side is a byte position where one of its tokens ends. *Chunks* are
 the maximal byte spans whose two ends are boundaries of both sides, so every chunk
 boundary is a token boundary on both sides and every token with bytes lies inside
-exactly one chunk (SPEC 4 "align").
+exactly one chunk (docs/thl.md, "Alignment").
 
 Tokens without bytes (EOS, other specials) belong to the chunk that ends at their
 position (the first chunk at position 0).
@@ -221,10 +221,10 @@ def align_bytes(source_pieces: Sequence[bytes], target_pieces: Sequence[bytes]) 
 
 
 def align_offsets(source_offsets: Sequence[tuple[int, int]], target_offsets: Sequence[tuple[int, int]]) -> Alignment:
-    """Align two segmentations of one text given as contiguous (start, end) spans (SPEC 4 ``align``).
+    """Align two segmentations of one text given as contiguous (start, end) spans (docs/thl.md).
 
     Spans should be byte offsets: character offsets cannot express two tokenizers both
-    cutting inside one character (FIELD_NOTES), and give a coarser alignment there.
+    cutting inside one character (the byte pieces of one emoji), and give a coarser alignment there.
 
     Args:
         source_offsets: ``[Ls]`` (start, end) spans, in order, covering the text.

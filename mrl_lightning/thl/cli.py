@@ -1,4 +1,4 @@
-"""``mrl thl``: measure THL between any two tokenizers (SPEC 4, issue 3 item 4).
+"""``mrl thl``: measure THL between any two tokenizers (docs/thl.md).
 
     mrl thl --source mistral-v1 --target tekken [--text-file FILE] [--cache-dir DIR]
 

@@ -1,4 +1,4 @@
-"""Load any tokenizer THL can work with, including the ones in the mistral-common wheel (SPEC 4).
+"""Load any tokenizer THL can work with, including the ones in the mistral-common wheel (docs/thl.md).
 
 ``load_tokenizer(spec)`` accepts:
 
@@ -10,7 +10,7 @@
 
 The mistral-common files are converted once into Hugging Face fast tokenizers and
 cached under ``$MRL_CACHE_DIR/tokenizers`` (default ``~/.cache/mrl_lightning/tokenizers``).
-Departures from a plain ``from_pretrained``, each for a measured reason (FIELD_NOTES):
+Departures from a plain ``from_pretrained``, each for a reason found by testing (docs/thl.md):
 
 - SentencePiece files are copied to ``DIR/tokenizer.model`` first
   (``LlamaTokenizerFast(vocab_file=".../tokenizer.model.v1")`` silently builds a
@@ -184,7 +184,7 @@ def _marker(name: str) -> dict:
 
 
 def load_tokenizer(spec: str, cache_dir: str | os.PathLike | None = None, fix_leading_space_loss: bool = True) -> Any:
-    """Load a Hugging Face fast tokenizer by name, folder or hub id (SPEC 4).
+    """Load a Hugging Face fast tokenizer by name, folder or hub id (docs/thl.md).
 
     Args:
         spec: ``"mistral-v1"``, ``"mistral-v3"``, ``"tekken"``, a local folder, or a hub id.

@@ -1,9 +1,9 @@
-"""THL residual: what the cross-tokenizer mapping could not keep exact (SPEC 4, issue 3 item 3).
+"""THL residual: what the cross-tokenizer mapping could not keep exact (docs/thl.md).
 
-Computed for every shared batch and logged under ``thl/`` (STYLE rule 6). Definitions:
+Computed for every shared batch and logged under ``thl/`` (docs/README.md, tag prefixes). Definitions:
 
 - ``round_trip_failures`` (count): sequences whose source ids or receiver ids do not
-  spell the completion text byte for byte (SPEC 4: decode(encode(x)) != x).
+  spell the completion text byte for byte (decode(encode(x)) != x).
 - ``boundary_agreement`` (share in [0, 1]): interior target token boundaries that are
   also source boundaries, pooled over the batch (1.0 when there are none).
 - ``tokens_per_chunk``: (source tokens + target tokens) / (2 * chunks holding a token);
@@ -47,7 +47,7 @@ def moved_mass(trace: MappedTrace) -> tuple[float, float]:
 
 
 def residual_metrics(traces: Sequence[MappedTrace], prefix: str = "thl/") -> dict[str, float]:
-    """Residual metrics of one shared batch (SPEC 4).
+    """Residual metrics of one shared batch (docs/thl.md).
 
     Args:
         traces: The batch's mapped peer completions (:func:`.transfer_trace` results).

@@ -1,7 +1,7 @@
-"""Exact bytes of every token id, for any Hugging Face fast tokenizer (SPEC 4, issue 3 item 1).
+"""Exact bytes of every token id, for any Hugging Face fast tokenizer (docs/thl.md).
 
 THL aligns token traces on bytes, never on characters: two tokenizers can both cut
-inside one multi-byte character (FIELD_NOTES "Offsets"). This module recovers, for
+inside one multi-byte character (docs/thl.md). This module recovers, for
 each id of a tokenizer, the UTF-8 bytes that the token stands for *inside* a
 completion (no dummy prefix), from the tokenizer's own serialized description:
 

@@ -1,4 +1,4 @@
-"""Map per-token traces from a source segmentation onto a target one (SPEC 4 "trace mapping").
+"""Map per-token traces from a source segmentation onto a target one (docs/thl.md, "Mapping traces").
 
 Given an :class:`~mrl_lightning.thl.align.Alignment`:
 
@@ -9,7 +9,7 @@ Given an :class:`~mrl_lightning.thl.align.Alignment`:
   token is split by target byte length. Log-probs of byte-less source tokens (EOS) go to
   the chunk's byte-less target tokens if any, else to its last target token.
 - masks (True = counted): a target token is counted iff any source token of its
-  chunk is (``any()``, SPEC 4).
+  chunk is (``any()``).
 - per-token advantages (intensive): byte-weighted mean of the overlapped source values;
   a target token overlapping nothing (an appended EOS) takes the mean of its chunk.
 - per-sequence advantage and terminal reward: broadcast / placed on the last target token.
@@ -171,7 +171,7 @@ def transfer_trace(
     completion_text: str,
     add_eos: bool = False,
 ) -> MappedTrace:
-    """Retokenize a peer completion for the receiver and map its log-probs (SPEC 3.2, 4).
+    """Retokenize a peer completion for the receiver and map its log-probs (docs/thl.md).
 
     Args:
         source_tokenizer: The producing policy's fast tokenizer.

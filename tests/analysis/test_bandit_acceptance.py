@@ -1,4 +1,4 @@
-"""Acceptance (issue 4): the shapes SPEC 7 / 3.2 report from the tabular prototype, on a
+"""Acceptance: the shapes docs/bandit.md reports (and a tabular prototype showed), on a
 small fixed-seed ``mrl bandit`` run (32 contexts, 16 actions, G = 8, 120 steps, 4 replicas).
 
 Definitions used by the assertions:

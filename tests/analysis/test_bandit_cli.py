@@ -1,4 +1,4 @@
-"""``mrl bandit`` end to end: files written, settings checked, results deterministic (SPEC 7)."""
+"""``mrl bandit`` end to end: files written, settings checked, results deterministic (docs/bandit.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The bandit itself: initial policies, sampling, THL residual, settings and measurement (SPEC 7)."""
+"""The bandit itself: initial policies, sampling, THL residual, settings and measurement (docs/bandit.md)."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ def test_peers_are_the_other_family_and_transfers_keep_reward():
 
 
 def test_xgrpo_with_alpha_zero_own_scale_is_plain_grpo_on_same_draws():
-    """Invariant: the value-level probe switched off is the control arm (SPEC 3.1, 3.3)."""
+    """Invariant: the value-level probe switched off is the control arm (docs/probes.md)."""
     cfg = BanditConfig(num_contexts=8, num_actions=5, alpha=0.0, scale_source="own")
     prob = make_problem(8, 5, seed=3)
     a = stochastic_update(PROBE("none"), prob.init_logits, prob, cfg, np.random.default_rng(5))

@@ -1,4 +1,4 @@
-"""Hand-computed cases of the per-probe bandit updates (SPEC 2, 3.2, 3.3, 3.4).
+"""Hand-computed cases of the per-probe bandit updates (docs/bandit.md, docs/probes.md).
 
 Receiver in every case: one context, two actions, ``pi = [0.2, 0.8]``, so
 ``grad log pi(0) = e0 - pi = [0.8, -0.8]`` and ``grad log pi(1) = e1 - pi = [-0.2, 0.2]``.

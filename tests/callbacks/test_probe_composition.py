@@ -1,4 +1,4 @@
-"""Probes compose in callback-list order (mrl_lightning.callbacks docstring; SPEC 1 step 5).
+"""Probes compose in callback-list order (docs/probes.md, "Several probes at once").
 
 XGRPO and PRP replace own-sample advantages (the later one in the list wins); SGT and PRP
 append loss terms that add up. The hook is dispatched with Fabric's ``call``, as the

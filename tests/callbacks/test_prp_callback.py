@@ -1,4 +1,4 @@
-"""PeerRolloutPooling callback (SPEC 3.2): pooled advantages, peer loss, logs, equivalences.
+"""PeerRolloutPooling callback (docs/probes.md, PRP): pooled advantages, peer loss, logs, equivalences.
 
 Tiny models are built from config with tokenizers trained by ``recipes/tokenizers.py``,
 saved with ``save_pretrained`` and loaded back by ``PolicyModule`` via ``from_pretrained``.

@@ -1,4 +1,4 @@
-"""End-to-end: the CLI ``fit`` on two tiny policies of different families (issue 2)."""
+"""End-to-end: the CLI ``fit`` on two tiny policies of different families (docs/default.md)."""
 
 from __future__ import annotations
 

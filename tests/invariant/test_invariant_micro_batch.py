@@ -1,4 +1,4 @@
-"""Equivalent micro-batch splits give the same gradients and the same update (STYLE "Invariants").
+"""Equivalent micro-batch splits give the same gradients and the same update (docs/grpo.md, "One update").
 
 ``policy_update`` splits a step's N sequences into micro-batches whose losses use the
 whole step's normalizers (``num_sequences`` / ``num_tokens``), so the summed gradient is

@@ -1,4 +1,4 @@
-"""Probe "none" is plain GRPO (SPEC 3.1; STYLE "Invariants").
+"""Probe "none" is plain GRPO (docs/probes.md, "none").
 
 The loop builds each policy's batch as ``TrainBatch(scored, group_advantages(rewards,
 scale_rewards))`` and lets the probes compose it. The control arm must leave that batch

@@ -1,4 +1,4 @@
-"""PRP math (SPEC 3.2): weights, pooled advantages and the peer surrogate, by hand."""
+"""PRP math (docs/probes.md): weights, pooled advantages and the peer surrogate, by hand."""
 
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ def test_weight_metrics_by_hand():
 
 
 def grpo_token_losses(logp_theta, logp_old, adv, eps_clip=0.2):
-    """Reference GRPO token loss, SPEC 2 with beta = 0: -min(r A, clip(r, 1-e, 1+e) A)."""
+    """Reference GRPO token loss, docs/grpo.md with beta = 0: -min(r A, clip(r, 1-e, 1+e) A)."""
     r = torch.exp(logp_theta - logp_old)
     a = adv[:, None]
     return -torch.minimum(r * a, r.clamp(1 - eps_clip, 1 + eps_clip) * a)

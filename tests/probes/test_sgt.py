@@ -1,4 +1,4 @@
-"""SGT, Success-Gated Transfer (SPEC 3.4): the rescue set, the transfer loss by hand, the callback gate.
+"""SGT, Success-Gated Transfer (docs/probes.md): the rescue set, the transfer loss by hand, the callback gate.
 
 Rescue set of receiver i: prompts where i's own group success rate <= kappa (default 0)
 AND a peer holds a verified success for that prompt; up to m distinct texts each.

@@ -1,8 +1,8 @@
 """ReasoningGymAccuracy: strict success vs reasoning-gym's partial credit, on real entries.
 
 reasoning-gym 0.1.25's default ``score_answer`` returns 1.0 for an exact answer and
-``len(gold) / len(answer)`` when the gold answer is a substring (FIELD_NOTES). A
-SuccessRecord may only come from an exactly right answer (issue 2 item 5), so the
+``len(gold) / len(answer)`` when the gold answer is a substring. A SuccessRecord may
+only come from an exactly right answer (docs/grpo.md, "Rewards and success"), so the
 strict reward is 1.0 or 0.0; the answer is the first non-empty line, stripped.
 """
 

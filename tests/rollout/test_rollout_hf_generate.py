@@ -1,6 +1,6 @@
 """HF generate engine: completion mask through the real EOS when pad == eos, finish reasons.
 
-SPEC 1 step 2 / issue 2 item 4: the mask is built from the first EOS position, never
+docs/grpo.md, "Sampling": the mask is built from the first EOS position, never
 from ``!= pad``, because with pad == eos (every tokenizer of the embedded default) a
 ``!= pad`` mask would drop the EOS the policy actually sampled.
 """

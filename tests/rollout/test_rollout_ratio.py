@@ -1,4 +1,4 @@
-"""The importance ratio is 1 before the first update at temperature != 1 (issue 2 item 4).
+"""The importance ratio is 1 before the first update at temperature != 1 (docs/grpo.md, "Sampling").
 
 The engine's old log-probs (from the logits ``generate`` produced, KV cache on) and the
 training forward pass (``PolicyModule.completion_logprobs``: one full forward with the

@@ -1,6 +1,6 @@
 """Session-scoped real tokenizers for the THL tests (converted once per session).
 
-The five tokenizers of issue 3: Mistral SentencePiece v1 and v3 and Tekken from the
+The five tokenizers THL must handle (docs/thl.md): Mistral SentencePiece v1 and v3 and Tekken from the
 mistral-common wheel, plus the project's own byte-level BPE and character-level ones
 (trained here with mrl_lightning.recipes.tokenizers on a small task-like corpus).
 Conversions go to a session temp cache, so the conversion path itself is exercised.

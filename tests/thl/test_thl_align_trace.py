@@ -1,4 +1,4 @@
-"""align_* and the trace mapping, with expected values worked out by hand (SPEC 4)."""
+"""align_* and the trace mapping, with expected values worked out by hand (docs/thl.md)."""
 
 from __future__ import annotations
 

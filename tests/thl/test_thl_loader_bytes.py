@@ -1,4 +1,4 @@
-"""load_tokenizer (mistral-common names, leading-space fix) and per-token byte recovery (SPEC 4)."""
+"""load_tokenizer (mistral-common names, leading-space fix) and per-token byte recovery (docs/thl.md)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_default_hf_route_for_mistral_v1_loses_leading_spaces_and_the_fix_restor
     naive = LlamaTokenizerFast.from_pretrained(str(v1_model_dir))  # what a new user writes
     assert len(naive) == 32000
     lost = leading_space_failures(naive, tuple(LEADING))
-    assert len(lost) >= len(LEADING) // 20, "the known bug did not show: re-measure FIELD_NOTES"
+    assert len(lost) >= len(LEADING) // 20, "the known bug did not show: re-measure it and update docs/thl.md"
     assert all(text[:1].isspace() for text in lost)
     assert fix_leading_space(naive)
     assert leading_space_failures(naive, tuple(LEADING)) == []

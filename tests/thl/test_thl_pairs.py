@@ -1,4 +1,4 @@
-"""Issue 3 acceptance: every ordered pair of the five real tokenizers (SPEC 4).
+"""Acceptance: every ordered pair of the five real tokenizers (docs/thl.md).
 
 For each text: exact round trip on both sides, mapped log-prob sums equal to the source
 sums within 1e-5 nats, and every chunk boundary a token boundary on both sides.

@@ -1,4 +1,4 @@
-"""Residual metrics (hand-worked) and the ``mrl thl`` command (SPEC 4, issue 3 items 3-4)."""
+"""Residual metrics (hand-worked) and the ``mrl thl`` command (docs/thl.md)."""
 
 from __future__ import annotations
 

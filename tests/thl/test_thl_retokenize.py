@@ -1,4 +1,4 @@
-"""retokenize / encode_completion / tokenizer_fingerprint on real tokenizers (SPEC 4, issue 3 item 2)."""
+"""retokenize / encode_completion / tokenizer_fingerprint on real tokenizers (docs/thl.md)."""
 
 from __future__ import annotations
 

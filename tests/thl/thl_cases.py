@@ -1,5 +1,5 @@
-"""Fixed texts of issue 3 (leading/repeated spaces, newlines, tabs, digits, CJK, emoji + ZWJ,
-combining marks, special-token look-alikes, cut characters), shared by the THL tests."""
+"""Fixed texts shared by the THL tests (docs/thl.md): leading/repeated spaces, newlines, tabs,
+digits, CJK, emoji + ZWJ, combining marks, special-token look-alikes, cut characters."""
 
 FIXED_CASES = (
     " 68",

@@ -1,0 +1,85 @@
+"""``mrl --help`` and friends: one usage block, no heavy import, every ``fit`` option listed.
+
+Start-up contract (docs/README.md, "The command line"): ``mrl --help``, ``mrl thl`` and
+``mrl bandit`` never import Lightning or torch; only ``mrl fit`` does.
+"""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("lightning", "torch", "transformers", "matplotlib")
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+
+
+def _modules_after(argv: list[str]) -> tuple[int, str, list[str]]:
+    """Exit status, stdout and the heavy modules loaded by ``mrl <argv>`` in a fresh interpreter."""
+    code = (
+        "import contextlib, io, json, sys\n"
+        "from mrl_lightning.cli import main\n"
+        "out = io.StringIO()\n"
+        "try:\n"
+        "    with contextlib.redirect_stdout(out):\n"
+        f"        rc = main({argv!r})\n"
+        "except SystemExit as exc:\n"
+        "    rc = exc.code\n"
+        f"print(json.dumps([rc, out.getvalue(), [m for m in {HEAVY!r} if m in sys.modules]]))\n"
+    )
+    proc = _run(code)
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    rc, text, heavy = json.loads(proc.stdout.strip().splitlines()[-1])
+    return rc, text, heavy
+
+
+def test_mrl_help_prints_one_usage_block_and_imports_nothing_heavy():
+    rc, text, heavy = _modules_after(["--help"])
+    assert rc == 0
+    assert text.count("usage:") == 1, text
+    for sub in ("mrl fit", "mrl thl", "mrl bandit"):
+        assert sub in text
+    assert "Lightning Trainer command line tool" not in text
+    assert heavy == [], f"mrl --help imported {heavy}"
+
+
+def test_mrl_without_arguments_prints_the_usage_to_stderr_and_fails(capsys):
+    from mrl_lightning.cli import main
+
+    assert main([]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("usage:") == 1
+
+
+@pytest.mark.parametrize("sub", ["thl", "bandit"])
+def test_sub_program_help_imports_neither_lightning_nor_torch(sub):
+    rc, text, heavy = _modules_after([sub, "--help"])
+    assert rc == 0
+    assert text.count("usage:") == 1, text
+    assert heavy == [], f"mrl {sub} --help imported {heavy}"
+    for stale in ("SPEC", "issue 3", "FIELD_NOTES"):
+        assert stale not in text
+
+
+def test_fit_help_lists_every_trainer_option_in_one_usage_block():
+    from mrl_lightning.trainer import MRLTrainer  # what the help must cover
+
+    proc = subprocess.run([sys.executable, "-m", "mrl_lightning.cli", "fit", "--help"], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert text.count("usage:") == 1
+    params = [p for p in inspect.signature(MRLTrainer.__init__).parameters if p != "self"]
+    assert params, "MRLTrainer.__init__ has no options?"
+    missing = [p for p in params if f"--trainer.{p}" not in text]
+    assert not missing, f"mrl fit --help does not list {missing}"
+    for option in ("--config", "--print_config", "--ckpt_path", "--model.policies", "--data", "--seed_everything"):
+        assert option in text
+    assert "SPEC" not in text
