@@ -82,7 +82,7 @@ def _native_ok(tokenizer, text: str) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``mrl thl`` argument parser."""
-    parser = argparse.ArgumentParser(prog="mrl thl", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="mrl thl", description=__doc__.split("\n\n")[0].replace("``", ""))
     parser.add_argument(
         "--source", required=True, help="source tokenizer: mistral-v1, mistral-v3, tekken, a folder or a hub id"
     )
