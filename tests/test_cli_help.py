@@ -1,7 +1,7 @@
 """``mrl --help`` and friends: one usage block, no heavy import, every ``fit`` option listed.
 
-Start-up contract (docs/README.md, "The command line"): ``mrl --help``, ``mrl thl`` and
-``mrl bandit`` never import Lightning or torch; only ``mrl fit`` does.
+Start-up contract (docs/README.md, "The command line"): ``mrl --help`` and the ``--help`` of
+``mrl thl`` / ``mrl bandit`` import neither Lightning nor torch; only ``mrl fit`` imports Lightning.
 """
 
 from __future__ import annotations
