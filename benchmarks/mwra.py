@@ -1,0 +1,130 @@
+"""MWRA benchmark: the embedded default colocated (1 process) vs disjoint (1 process per policy).
+
+    python benchmarks/mwra.py --steps 300 --out runs/bench_mwra
+
+runs ``mrl fit --config configs/default.yaml`` twice, one after the other, with the same
+seed and step budget (no evaluation or checkpoint inside the window, so only training
+steps are timed):
+
+- colocated: one process, ``--trainer.num_threads`` = all cores (2 here), the policies'
+  phases in turn;
+- disjoint: ``--trainer.devices <policies> --trainer.strategy ddp --trainer.placement disjoint``,
+  one single-threaded worker process per policy, running at the same time.
+
+It prints the seconds per training step of each (wall time between the logged steps
+``--skip`` and ``--steps``, read from TensorBoard, so start-up and warm-start are not
+counted), their ratio, each worker's time per phase (``mwra/<policy>/rollout_s``,
+``update_s``, ``wait_s``) and how far the two runs' reward curves agree (the runs use
+different thread counts, so float rounding differs and sampled tokens part ways after a
+while; the curves should still agree in level). A JSON summary goes to ``<out>/mwra.json``.
+Time it alone: another busy process on the cores makes both runs slower and the ratio
+meaningless.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(name: str, out: Path, steps: int, extra: list[str]) -> tuple[Path, float]:
+    """One ``mrl fit`` of the default; returns its run folder and wall seconds."""
+    args = [sys.executable, "-m", "mrl_lightning.cli", "fit", "--config", str(REPO / "configs" / "default.yaml"),
+            "--trainer.max_steps", str(steps), "--trainer.eval_every_n_steps", str(steps + 1),
+            "--trainer.checkpoint_every_n_steps", "0", "--trainer.log_every_n_steps", "1",
+            "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(out / name),
+            "--trainer.version", "run", *extra]
+    print(f"[{name}] {' '.join(args[3:])}", flush=True)
+    start = time.perf_counter()
+    with open(out / f"{name}.log", "w") as log:
+        code = subprocess.call(args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    seconds = time.perf_counter() - start
+    if code != 0:
+        raise SystemExit(f"[{name}] mrl fit failed with exit code {code}; see {out / f'{name}.log'}")
+    return out / name / "run", seconds
+
+
+def read(folder: Path) -> dict[str, list[tuple[int, float, float]]]:
+    """Every scalar tag: list of (step, wall_time, value)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(e.step, e.wall_time, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def seconds_per_step(scalars: dict, skip: int) -> float:
+    series = [x for x in scalars["train/step_time_s"] if x[0] >= skip]
+    (s0, t0, _), (s1, t1, _) = series[0], series[-1]
+    return (t1 - t0) / (s1 - s0)
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def agreement(a: list[tuple[int, float, float]], b: list[tuple[int, float, float]], window: int = 20) -> dict:
+    """How two reward curves agree: equal prefix, and |difference| of window means."""
+    va, vb = [x[2] for x in a], [x[2] for x in b]
+    n = min(len(va), len(vb))
+    prefix = next((i for i in range(n) if va[i] != vb[i]), n)
+    diffs = [abs(mean(va[i:i + window]) - mean(vb[i:i + window])) for i in range(0, n, window)]
+    return {"steps_identical": prefix, "window_mean_abs_diff": mean(diffs), "window_max_abs_diff": max(diffs),
+            "mean_a": mean(va), "mean_b": mean(vb)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=300, help="training steps per run")
+    parser.add_argument("--skip", type=int, default=10, help="first steps left out of the timing")
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench_mwra")
+    parser.add_argument("--policies", type=int, default=2, help="policies in the default config")
+    args = parser.parse_args(argv)
+    if args.out.exists() and any(args.out.iterdir()):
+        raise SystemExit(f"--out {args.out} is not empty; pick a new folder.")
+    args.out.mkdir(parents=True, exist_ok=True)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    colocated, t_colo = run("colocated", args.out, args.steps, ["--trainer.num_threads", str(cores)])
+    disjoint, t_disj = run("disjoint", args.out, args.steps, [
+        "--trainer.devices", str(args.policies), "--trainer.strategy", "ddp", "--trainer.placement", "disjoint",
+        "--trainer.num_threads", str(max(1, cores // args.policies))])
+    a, b = read(colocated), read(disjoint)
+    step_a, step_b = seconds_per_step(a, args.skip), seconds_per_step(b, args.skip)
+    summary = {"steps": args.steps, "cores": cores, "colocated_s_per_step": step_a, "disjoint_s_per_step": step_b,
+               "speedup": step_a / step_b, "wall_s": {"colocated": t_colo, "disjoint": t_disj},
+               "phases": {}, "reward_agreement": {}}
+    print(f"\nseconds per training step (steps {args.skip}-{args.steps}, {cores} cores):")
+    print(f"  colocated, 1 process x {cores} threads : {step_a:.3f}")
+    print(f"  disjoint, {args.policies} processes x {max(1, cores // args.policies)} thread(s): {step_b:.3f}")
+    print(f"  disjoint speed-up: {step_a / step_b:.2f}x\n")
+    print(f"{'run':10s} {'policy':8s} {'rollout_s':>10s} {'update_s':>10s} {'wait_s':>8s} {'peak GiB':>9s}")
+    for label, scalars in (("colocated", a), ("disjoint", b)):
+        for tag in sorted(t for t in scalars if t.startswith("mwra/") and t.endswith("/rollout_s")):
+            policy = tag.split("/")[1]
+            row = {k: mean([x[2] for x in scalars[f"mwra/{policy}/{k}"] if x[0] >= args.skip])
+                   for k in ("rollout_s", "update_s", "wait_s")}
+            row["peak_memory_gib"] = scalars[f"mwra/{policy}/peak_memory_gib"][-1][2]
+            summary["phases"].setdefault(label, {})[policy] = row
+            print(f"{label:10s} {policy:8s} {row['rollout_s']:10.3f} {row['update_s']:10.3f} {row['wait_s']:8.3f} "
+                  f"{row['peak_memory_gib']:9.2f}")
+    print("\nreward curves (rollout/<policy>/reward_mean), colocated vs disjoint:")
+    for tag in sorted(t for t in a if t.startswith("rollout/") and t.endswith("/reward_mean")):
+        agree = agreement(a[tag], b[tag])
+        summary["reward_agreement"][tag] = agree
+        print(f"  {tag}: identical for the first {agree['steps_identical']} steps; 20-step means differ by "
+              f"{agree['window_mean_abs_diff']:.3f} on average (max {agree['window_max_abs_diff']:.3f}); "
+              f"run means {agree['mean_a']:.3f} vs {agree['mean_b']:.3f}")
+    (args.out / "mwra.json").write_text(json.dumps(summary, indent=2))
+    print(f"\nsummary: {args.out / 'mwra.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
