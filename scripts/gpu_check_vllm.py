@@ -4,7 +4,7 @@ Run on a CUDA machine where ``pip install -e '.[vllm]'`` was done beforehand; th
 installs nothing and downloads nothing (the model and tokenizer are built here from a
 config, in a temporary folder):
 
-    python scripts/gpu_check_vllm.py [--steps 3] [--family llama] [--require-vllm]
+    python scripts/gpu_check_vllm.py [--steps 3] [--family llama] [--out DIR] [--require-vllm]
 
 or, from another script, ``from gpu_check_vllm import run_check`` (with ``scripts/`` on the
 path) and use its exit code. Each step: the engine samples (pushing the weights first
@@ -20,7 +20,8 @@ AdamW step at a large learning rate. Checks (exit code 1 when one fails):
   unfused projections) equals the trainer's, rounded to vLLM's dtype; at least one is compared.
 
 Printed per step: seconds per phase (push, sample, update), sampled tokens per second, the
-ratio statistics and ``|delta logp|`` (nats), and the peak GPU memory. Exit code 0 also when
+ratio statistics and ``|delta logp|`` (nats), and the peak GPU memory; with ``--out`` the
+same numbers and the failures go to ``DIR/vllm_check.json``. Exit code 0 also when
 CUDA or vLLM is missing (the check is skipped, and says so) unless ``--require-vllm``
 (then 2). See docs/rollout.md.
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import sys
 import tempfile
 import time
@@ -77,7 +79,8 @@ def compare_engine_weights(engine, model) -> tuple[int, list[str]]:
 
 def run_check(steps: int = 3, family: str = "llama", dtype: str = "bfloat16", precision: str = "bf16-mixed",
               learning_rate: float = 3e-3, tolerance: float = 1e-2, require_vllm: bool = False,
-              accelerator: str = "cuda", factory=None, device_memory_gib: float | None = None) -> int:
+              accelerator: str = "cuda", factory=None, device_memory_gib: float | None = None,
+              out_dir: Path | None = None) -> int:
     """Run the check; returns the exit code (module docstring).
 
     ``accelerator``, ``factory`` and ``device_memory_gib`` (see
@@ -97,6 +100,7 @@ def run_check(steps: int = 3, family: str = "llama", dtype: str = "bfloat16", pr
     from mrl_lightning.rollout.vllm_setup import build_vllm_engine
 
     failures: list[str] = []
+    rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="mrl_vllm_check_") as tmp:
         folder = build_model(Path(tmp), family)
         policy = PolicyModule(name=family, model=folder, rollout_engine="vllm", temperature=0.7, num_generations=8,
@@ -136,6 +140,10 @@ def run_check(steps: int = 3, family: str = "llama", dtype: str = "bfloat16", pr
                   f"max {metrics[f'rollout/{p}/is_ratio_max']:.4f}; |delta logp| mean {delta:.2e} "
                   f"max {metrics[f'rollout/{p}/abs_delta_logp_max']:.2e} nats; peak GPU memory "
                   f"{torch.cuda.max_memory_allocated() / 2**30 if accelerator == 'cuda' else 0.0:.2f} GiB")
+            rows.append({"step": step, "push_s": engine.last_push_s, "sample_s": sample_s, "update_s": update_s,
+                         "tokens": tokens, **{k: v for k, v in metrics.items() if k.startswith("rollout/")},
+                         "peak_gpu_memory_gib": torch.cuda.max_memory_allocated() / 2**30
+                         if accelerator == "cuda" else 0.0})
             if abs(ratio - 1.0) > tolerance:
                 failures.append(f"step {step}: mean importance ratio {ratio:.5f} is more than {tolerance} from 1")
             if moved is not None and not moved > 10 * delta:
@@ -149,6 +157,10 @@ def run_check(steps: int = 3, family: str = "llama", dtype: str = "bfloat16", pr
             print(f"step {step}: the update moved the trainer's log-probs of these rollouts by {moved:.2e} nats (mean)")
     for line in failures:
         print(f"FAIL: {line}")
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "vllm_check.json").write_text(json.dumps({"family": family, "dtype": dtype, "precision": precision,
+                                                         "steps": rows, "failures": failures}, indent=1))
     print("OK: vLLM engine check passed." if not failures else f"{len(failures)} check(s) failed.")
     return 1 if failures else 0
 
@@ -162,8 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (large: a stale engine shows)")
     parser.add_argument("--tolerance", type=float, default=1e-2)
     parser.add_argument("--require-vllm", action="store_true", help="exit 2 instead of 0 without CUDA or vLLM")
+    parser.add_argument("--out", type=Path, default=None, help="folder for vllm_check.json")
     args = parser.parse_args(argv)
-    return run_check(args.steps, args.family, args.dtype, args.precision, args.lr, args.tolerance, args.require_vllm)
+    return run_check(args.steps, args.family, args.dtype, args.precision, args.lr, args.tolerance, args.require_vllm,
+                     out_dir=args.out)
 
 
 if __name__ == "__main__":

@@ -216,6 +216,7 @@ def grpo_loss(
     num_tokens: float | None = None,
     use_bias_correction_kl: bool = True,
     kl_log_ratio_clamp: float | None = KL_LOG_RATIO_CLAMP,
+    sampler_weights: Tensor | None = None,
 ) -> PolicyLossOutput:
     """Clipped surrogate with optional k3 KL, aggregated by ``loss_type`` (``docs/grpo.md``).
 
@@ -253,6 +254,10 @@ def grpo_loss(
             then ``beta * (logp - ref)`` per token, linear in the log-ratio.
         kl_log_ratio_clamp: Bound ``c`` in nats on ``|ref - logp|`` inside k3 (verl's
             ``low_var_kl`` clamp, 20 there and here); None = unbounded, TRL's numbers.
+        sampler_weights: ``[N, L]`` or ``[N, 1]`` float32, detached: importance weights of
+            the trainer over a different sampler (vLLM), multiplying the surrogate term of
+            each token but not the KL term (TRL ``vllm_importance_sampling_correction``;
+            :mod:`mrl_lightning.rollout.sampler_correction`). None = 1.
 
     Returns:
         :class:`PolicyLossOutput`.
@@ -279,6 +284,8 @@ def grpo_loss(
     ratio = torch.exp(logp - old_logp)
     clipped_ratio = torch.clamp(ratio, 1.0 - epsilon, 1.0 + eps_high)
     per_token = -torch.min(ratio * adv, clipped_ratio * adv)
+    if sampler_weights is not None:
+        per_token = per_token * sampler_weights.detach().to(per_token.dtype)
     kl = kl_clamped = None
     if beta > 0:
         kl = k3_kl(logp, ref_logp, kl_log_ratio_clamp)

@@ -1,4 +1,4 @@
-"""Rollout engines."""
+"""Rollout engines: Hugging Face ``generate`` and vLLM (docs/rollout.md)."""
 
 from mrl_lightning.rollout.hf_generate import (
     HFGenerateEngine,
@@ -6,5 +6,7 @@ from mrl_lightning.rollout.hf_generate import (
     completion_mask_from_eos,
     left_pad,
 )
+from mrl_lightning.rollout.vllm_engine import EngineRolloutBatch, VLLMEngine
 
-__all__ = ["HFGenerateEngine", "RolloutBatch", "completion_mask_from_eos", "left_pad"]
+__all__ = ["EngineRolloutBatch", "HFGenerateEngine", "RolloutBatch", "VLLMEngine", "completion_mask_from_eos",
+           "left_pad"]

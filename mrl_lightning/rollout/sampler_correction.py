@@ -1,0 +1,158 @@
+"""Correcting for a sampler that is not the trainer: truncated or masked importance weights.
+
+An inference engine such as vLLM samples with its own kernels, precision and batching, so
+the probability it gave a sampled token is close to, but not exactly, the probability the
+training forward gives it. The update then follows the loop TRL's GRPO trainer uses with
+vLLM (``vllm_importance_sampling_correction``, trl 1.16):
+
+1. the trainer scores every rollout once, without gradient, before the update; those
+   log-probs are the "old" log-probs of the clipped ratio (so the ratio is exactly 1 on
+   the first inner iteration);
+2. each token's surrogate loss is multiplied by an importance weight
+
+       w = exp(logp_trainer - logp_sampler)                       token level
+       w = exp(sum_t m_t (logp_trainer - logp_sampler))           sequence level (one w per row)
+
+   and ``w`` is bounded by ``[clip_min, clip_max]``: ``*_truncate`` clamps it into the
+   range, ``*_mask`` sets it to 0 outside (TRL's four ``vllm_importance_sampling_mode`` s);
+   the KL term is not weighted. Non-finite differences (a token the sampler could not
+   score) count as 0 (w = 1), as in TRL.
+
+Logged per policy, as TRL logs them under ``sampling/``: ``rollout/<p>/is_ratio_mean``,
+``is_ratio_min``, ``is_ratio_max`` (of the weights applied: over counted tokens at token
+level, over rows at sequence level), ``abs_delta_logp`` and ``abs_delta_logp_max``
+(``|logp_trainer - logp_sampler|`` over counted tokens, nats). See docs/rollout.md.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def importance_sampling_errors(where: str, mode: str, clip_max: float | None, clip_min: float | None) -> list[str]:
+    """Problems of an importance-sampling setting (for config checks).
+
+    Args:
+        where: Prefix naming the config entry, e.g. ``"policy 'qwen'"``.
+        mode: One of :data:`IS_MODES`.
+        clip_max: Upper bound C_max (> 0) or None.
+        clip_min: Lower bound C_min (>= 0) or None.
+
+    Returns:
+        Error messages naming the field, the value and the fix (empty when valid).
+    """
+    errors = []
+    if mode not in IS_MODES:
+        errors.append(f"{where}: vllm_importance_sampling_mode={mode!r}; valid: {list(IS_MODES)}.")
+    if clip_max is not None and not clip_max > 0:
+        errors.append(f"{where}: vllm_importance_sampling_clip_max={clip_max} must be > 0 (TRL's default 3.0) or null.")
+    if clip_min is not None and not clip_min >= 0:
+        errors.append(f"{where}: vllm_importance_sampling_clip_min={clip_min} must be >= 0 or null.")
+    if clip_max is not None and clip_min is not None and not clip_min < clip_max:
+        errors.append(f"{where}: vllm_importance_sampling_clip_min={clip_min} must be below "
+                      f"vllm_importance_sampling_clip_max={clip_max}.")
+    if mode.endswith("_truncate") and clip_max is None and clip_min is None:
+        errors.append(f"{where}: vllm_importance_sampling_mode={mode!r} truncates to [clip_min, clip_max] but both are "
+                      "null; set vllm_importance_sampling_clip_max: 3.0 (TRL's default).")
+    return errors
+
+
+def importance_weights(
+    trainer_logp: Tensor,
+    sampler_logp: Tensor,
+    completion_mask: Tensor,
+    mode: str = "token_truncate",
+    clip_max: float | None = 3.0,
+    clip_min: float | None = None,
+) -> Tensor:
+    """Bounded importance weights of the trainer's distribution over the sampler's.
+
+    Formula of TRL's ``vllm_importance_sampling_correction`` (trl 1.16, module docstring).
+
+    Args:
+        trainer_logp: ``[N, L]`` float32 nats, the trainer's log-probs of the sampled tokens.
+        sampler_logp: ``[N, L]`` float32 nats, the sampler's log-probs of the same tokens.
+        completion_mask: ``[N, L]`` bool, True = counted.
+        mode: ``token_truncate``, ``token_mask``, ``sequence_truncate`` or ``sequence_mask``.
+        clip_max: C_max; None = no upper bound.
+        clip_min: C_min; None = no lower bound.
+
+    Returns:
+        ``[N, L]`` float32 (token modes) or ``[N, 1]`` float32 (sequence modes), detached.
+
+    Raises:
+        ValueError: unknown ``mode``, shapes that differ, or bounds out of range.
+    """
+    errors = importance_sampling_errors("importance_weights", mode, clip_max, clip_min)
+    if errors:
+        raise ValueError(" ".join(errors))
+    if trainer_logp.shape != sampler_logp.shape or trainer_logp.shape != completion_mask.shape:
+        raise ValueError(f"trainer_logp {tuple(trainer_logp.shape)}, sampler_logp {tuple(sampler_logp.shape)} and "
+                         f"completion_mask {tuple(completion_mask.shape)} must all be [N, L].")
+    diff = (trainer_logp.detach().float() - sampler_logp.float()) * completion_mask
+    diff = torch.nan_to_num(diff, nan=0.0, posinf=0.0, neginf=0.0)
+    if mode.startswith("sequence"):
+        diff = diff.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(diff)
+    if mode.endswith("_truncate"):
+        return torch.clamp(ratio, min=clip_min, max=clip_max)
+    low = -math.inf if clip_min is None else clip_min
+    high = math.inf if clip_max is None else clip_max
+    return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+
+
+def sampler_mismatch_metrics(
+    policy_name: str, trainer_logp: Tensor, sampler_logp: Tensor, completion_mask: Tensor, weights: Tensor | None
+) -> dict[str, float]:
+    """``rollout/<p>/abs_delta_logp[_max]`` (nats) and, with weights, ``rollout/<p>/is_ratio_{mean,min,max}``.
+
+    Args:
+        policy_name: The policy.
+        trainer_logp: ``[N, L]`` float32 nats.
+        sampler_logp: ``[N, L]`` float32 nats.
+        completion_mask: ``[N, L]`` bool, True = counted.
+        weights: ``[N, L]`` or ``[N, 1]`` from :func:`importance_weights`, or None (correction off).
+
+    Returns:
+        Scalars; 0 for statistics over an empty set (no counted token).
+    """
+    p = policy_name
+    delta = (trainer_logp.detach().float() - sampler_logp.float()).abs()
+    delta = delta[completion_mask & torch.isfinite(delta)]
+    out = {f"rollout/{p}/abs_delta_logp": float(delta.mean()) if delta.numel() else 0.0,
+           f"rollout/{p}/abs_delta_logp_max": float(delta.max()) if delta.numel() else 0.0}
+    if weights is not None:
+        flat = weights.flatten() if weights.shape[-1] == 1 else weights[completion_mask]
+        for stat in ("mean", "min", "max"):
+            out[f"rollout/{p}/is_ratio_{stat}"] = float(getattr(flat, stat)()) if flat.numel() else 0.0
+    return out
+
+
+def correct_sampler_mismatch(policy, rollouts, trainer_logp: Tensor) -> tuple[Tensor | None, dict[str, float]]:
+    """Make the trainer's log-probs the rollouts' old log-probs; weights and metrics for the update.
+
+    Called by the update once per step, before its first inner iteration, when the rollouts
+    carry ``sampling_logprobs`` (another engine sampled them). ``rollouts.old_logprobs`` is
+    replaced by ``trainer_logp`` (0 where masked).
+
+    Args:
+        policy: The :class:`~mrl_lightning.policy.PolicyModule` (its ``vllm_importance_sampling_*`` settings).
+        rollouts: Its rollouts, with ``sampling_logprobs`` ``[N, L]`` float32 nats.
+        trainer_logp: ``[N, L]`` float32 nats, the update's own no-grad log-probs of the rollouts.
+
+    Returns:
+        ``(weights or None when the correction is off, metrics)``.
+    """
+    mask = rollouts.completion_mask
+    sampler_logp = rollouts.sampling_logprobs.to(trainer_logp.device)
+    rollouts.old_logprobs = torch.where(mask, trainer_logp.detach(), torch.zeros_like(trainer_logp))
+    weights = None
+    if policy.vllm_importance_sampling_correction:
+        weights = importance_weights(trainer_logp, sampler_logp, mask, policy.vllm_importance_sampling_mode,
+                                     policy.vllm_importance_sampling_clip_max, policy.vllm_importance_sampling_clip_min)
+    return weights, sampler_mismatch_metrics(policy.policy_name, trainer_logp, sampler_logp, mask, weights)

@@ -1,0 +1,295 @@
+"""Rollout engine on vLLM, behind the contract of the Hugging Face engine (docs/rollout.md).
+
+:class:`VLLMEngine` returns the same :class:`~mrl_lightning.rollout.RolloutBatch` as
+:class:`~mrl_lightning.rollout.HFGenerateEngine` (prompt ids and mask, completion ids
+and mask through the first stop token, per-token log-probs, finish reasons, exact texts),
+plus ``sampling_logprobs``: the log-probs vLLM reported for the tokens it sampled. The
+update re-scores the rollouts with the training model and corrects the remaining
+sampler/trainer mismatch with bounded importance weights
+(:mod:`mrl_lightning.rollout.sampler_correction`).
+
+One sampling distribution. vLLM gets an explicit ``SamplingParams`` holding the policy's
+temperature / top_p / top_k, the completion length and nothing else (every penalty at its
+neutral default), so the model's ``generation_config.json`` never changes what is sampled;
+its ``eos_token_id`` list still ends a completion, as it does in vLLM. Log-probs come from
+the distribution that was sampled: the engine is built with
+``logprobs_mode="processed_logprobs"`` (read in vLLM 0.32 / 0.33; the default
+``raw_logprobs`` would report the untempered model), i.e. ``log_softmax`` of the logits after temperature and
+top-k / top-p, the same thing the Hugging Face engine computes as ``log_softmax(logits / T)``
+when top-k / top-p are off.
+
+Weights. Before every generation the engine compares the training model's parameters
+(their storage and in-place version counters, which ``load_state_dict``, ``copy_`` and
+the for-loop and foreach optimizers advance, plus a count of optimizer steps the update
+keeps with :func:`note_optimizer_step`, since a fused optimizer advances no version
+counter) with those it last pushed; when they differ it pushes every
+parameter (colocated: ``model_runner.model.load_weights``, the path TRL's trainer uses;
+server: the server's NCCL weight-transfer engine through TRL's client) and resets vLLM's
+prefix cache, whose prompt KV blocks were computed with the old weights. Sampling never
+sees stale weights, and several optimizer steps between two rollouts cost one push.
+
+Backends (``vllm_mode``): ``colocate`` builds ``vllm.LLM`` in this process on the policy's
+GPU (``distributed_executor_backend="external_launcher"``, as TRL's colocated mode) with a
+memory share taken from the MWRA plan (:func:`~mrl_lightning.rollout.vllm_setup.colocated_memory_share`)
+unless ``vllm_gpu_memory_utilization`` is set; ``server`` talks to a ``trl vllm-serve``
+server (its ``VLLMClient``). Both are built by :func:`~mrl_lightning.rollout.vllm_setup.build_vllm_engine`;
+tests pass an in-process double of the same few calls.
+
+Seeds: one per prompt, ``base + b*G`` with ``base`` drawn from torch's generator (seeded
+by the loop's sampling stream); vLLM gives completion g of a request ``seed + g``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from mrl_lightning.rollout.hf_generate import RolloutBatch, left_pad
+from mrl_lightning.thl import decode_completion
+
+# vLLM's finish reasons (vllm.v1.engine.FINISH_REASON_STRINGS) -> the rollout contract's.
+FINISH_REASONS = {"stop": "eos", "length": "length"}
+_SEED_RANGE = 2**31 - 1
+
+
+@dataclass
+class EngineRolloutBatch(RolloutBatch):
+    """A :class:`RolloutBatch` sampled by an engine other than the training forward.
+
+    Attributes:
+        sampling_logprobs: ``[N, L]`` float32 nats, the engine's log-probs of the sampled
+            tokens under the tempered distribution it sampled from (0 where masked).
+            ``old_logprobs`` starts as a copy; the update replaces it by the trainer's own.
+    """
+
+    sampling_logprobs: Tensor | None = None
+
+
+@dataclass
+class Sample:
+    """One completion as a backend returns it.
+
+    Attributes:
+        token_ids: ``[L_i]`` sampled ids, the stop token included when it ended the completion.
+        logprobs: ``[L_i]`` float nats of each sampled token (processed log-probs).
+        finish_reason: vLLM's reason: ``"stop"`` or ``"length"`` (anything else is an error).
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str | None
+
+
+class Backend(Protocol):
+    """What :class:`VLLMEngine` needs from vLLM (colocated ``LLM`` or a server client)."""
+
+    def sample(self, prompt_ids: list[list[int]], n: int, seeds: list[int], temperature: float, top_p: float,
+               top_k: int, max_tokens: int) -> list[list[Sample]]: ...
+
+    def push_weights(self, model: torch.nn.Module) -> None: ...
+
+
+_STEPS_ATTR = "_mrl_optimizer_steps"
+
+
+def note_optimizer_step(model: torch.nn.Module) -> None:
+    """Record that an optimizer stepped ``model``'s parameters (called by the update after every step).
+
+    ``torch.optim.AdamW(fused=True)`` changes parameters without advancing their version
+    counters (measured with torch 2.13), so the count kept here is part of :func:`weights_key`.
+    """
+    setattr(model, _STEPS_ATTR, getattr(model, _STEPS_ATTR, 0) + 1)
+
+
+def weights_key(model: torch.nn.Module) -> tuple:
+    """Identity of a model's current weights: optimizer steps noted, each parameter's storage and version.
+
+    An in-place change through autograd-visible ops (``load_state_dict``, ``copy_``, the
+    for-loop and foreach optimizers) advances a tensor's version counter, a replaced tensor
+    has new storage, and :func:`note_optimizer_step` counts the steps of any optimizer, so
+    two equal keys mean no parameter changed in between.
+    """
+    return getattr(model, _STEPS_ATTR, 0), tuple((p.data_ptr(), p._version) for p in model.parameters())
+
+
+class ColocatedVLLM:
+    """Backend on an in-process ``vllm.LLM`` (or a double with the same calls).
+
+    Args:
+        llm: A ``vllm.LLM`` built with ``logprobs_mode="processed_logprobs"`` and an
+            in-process executor (``external_launcher``).
+        sampling_params_cls: ``vllm.SamplingParams``.
+    """
+
+    def __init__(self, llm: Any, sampling_params_cls: Any) -> None:
+        self.llm, self.sampling_params_cls = llm, sampling_params_cls
+
+    def sample(self, prompt_ids, n, seeds, temperature, top_p, top_k, max_tokens) -> list[list[Sample]]:
+        params = [self.sampling_params_cls(n=n, temperature=temperature, top_p=top_p, top_k=top_k,
+                                           max_tokens=max_tokens, logprobs=0, seed=seed) for seed in seeds]
+        outputs = self.llm.generate([{"prompt_token_ids": list(ids)} for ids in prompt_ids], params, use_tqdm=False)
+        out = []
+        for request in outputs:
+            rows = []
+            for c in sorted(request.outputs, key=lambda c: c.index):
+                ids = list(c.token_ids)
+                rows.append(Sample(ids, [c.logprobs[t][tok].logprob for t, tok in enumerate(ids)], c.finish_reason))
+            out.append(rows)
+        return out
+
+    def push_weights(self, model: torch.nn.Module) -> None:
+        runner_model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+        for name, param in model.named_parameters():  # one tensor at a time: no second copy of the model
+            runner_model.load_weights([(name, param.data)])
+        self.llm.reset_prefix_cache()
+
+
+class ServerVLLM:
+    """Backend on a ``trl vllm-serve`` server through TRL's ``VLLMClient`` (or a double).
+
+    Args:
+        client: A connected ``trl.generation.vllm_client.VLLMClient`` whose weight-transfer
+            communicator is initialised.
+        stop_ids: Token ids that end a completion (the tokenizer's EOS), to tell a stopped
+            completion from a truncated one: the server's completions carry no finish reason.
+    """
+
+    def __init__(self, client: Any, stop_ids: set[int]) -> None:
+        self.client, self.stop_ids = client, stop_ids
+
+    def sample(self, prompt_ids, n, seeds, temperature, top_p, top_k, max_tokens) -> list[list[Sample]]:
+        out = []
+        for ids, seed in zip(prompt_ids, seeds):  # one request per prompt: its own seed, as colocated
+            reply = self.client.generate(prompts=[list(ids)], n=n, repetition_penalty=1.0, temperature=temperature,
+                                         top_p=top_p, top_k=top_k, min_p=0.0, max_tokens=max_tokens, logprobs=0,
+                                         generation_kwargs={"seed": seed})
+            rows = []
+            for tokens, lps, lp_ids in zip(reply["completion_ids"], reply["logprobs"], reply["logprob_token_ids"]):
+                chosen = [lp[ids_t.index(tok)] for tok, lp, ids_t in zip(tokens, lps, lp_ids)]
+                stopped = bool(tokens) and tokens[-1] in self.stop_ids
+                rows.append(Sample(list(tokens), chosen, "stop" if stopped else "length"))
+            out.append(rows)
+        return out
+
+    def push_weights(self, model: torch.nn.Module) -> None:
+        self.client.update_model_params(model)
+        self.client.reset_prefix_cache()
+
+
+class VLLMEngine:
+    """Sampling with vLLM; :meth:`generate` has the Hugging Face engine's signature.
+
+    Args:
+        backend: :class:`ColocatedVLLM` or :class:`ServerVLLM`.
+
+    Attributes:
+        pushes: Weight pushes so far.
+        last_push_s: Wall time of the last push, seconds.
+    """
+
+    name = "vllm"
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._pushed: tuple | None = None
+        self.pushes, self.last_push_s = 0, 0.0
+
+    def sync_weights(self, model: torch.nn.Module) -> bool:
+        """Push the model's weights to vLLM when they changed since the last push.
+
+        Returns:
+            True when weights were pushed.
+        """
+        key = weights_key(model)
+        if key == self._pushed:
+            return False
+        start = time.perf_counter()
+        self.backend.push_weights(model)
+        self._pushed = weights_key(model)
+        self.pushes += 1
+        self.last_push_s = time.perf_counter() - start
+        return True
+
+    @torch.no_grad()
+    def generate(
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        prompt_ids: list[list[int]],
+        *,
+        num_generations: int,
+        max_completion_length: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        do_sample: bool = True,
+        policy_name: str | None = None,
+        **_: Any,
+    ) -> EngineRolloutBatch:
+        """Sample ``num_generations`` completions per prompt with the policy's settings only.
+
+        Args:
+            model: The training model (its current weights are pushed first if they changed).
+            tokenizer: Its tokenizer (pad id for padding, exact decoding of the texts).
+            prompt_ids: B token-id lists (already truncated to max_prompt_length).
+            num_generations: G completions per prompt; rows are prompt-major (row = b*G + g).
+            max_completion_length: L, max new tokens.
+            temperature: Softmax temperature (> 0).
+            top_p: Nucleus threshold in (0, 1]; 1 = off.
+            top_k: Top-k; 0 = off.
+            do_sample: False = greedy (vLLM's temperature 0; one completion per prompt, repeated).
+            policy_name: Named in errors.
+
+        Returns:
+            :class:`EngineRolloutBatch` with N = B * G rows, tensors on the model's device;
+            ``old_logprobs`` and ``sampling_logprobs`` ``[N, L]`` float32 nats.
+
+        Raises:
+            ValueError: empty prompt list or temperature <= 0.
+            RuntimeError: vLLM ended a completion for a reason other than a stop token or the
+                length limit (an aborted or failed request), naming the policy and the reason.
+        """
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty; nothing to generate.")
+        if temperature <= 0:
+            raise ValueError(f"temperature={temperature} must be > 0.")
+        self.sync_weights(model)
+        n = num_generations if do_sample else 1
+        base = int(torch.randint(0, _SEED_RANGE - len(prompt_ids) * n, (1,)))
+        seeds = [base + b * n for b in range(len(prompt_ids))]
+        samples = self.backend.sample(prompt_ids, n, seeds, temperature if do_sample else 0.0,
+                                      top_p if do_sample else 1.0, top_k if do_sample else 0, max_completion_length)
+        if not do_sample:
+            samples = [rows * num_generations for rows in samples]
+        return self._batch(model, tokenizer, prompt_ids, samples, num_generations, policy_name)
+
+    @staticmethod
+    def _batch(model, tokenizer, prompt_ids, samples, num_generations, policy_name) -> EngineRolloutBatch:
+        rows = [s for per_prompt in samples for s in per_prompt]
+        for s in rows:
+            if s.finish_reason not in FINISH_REASONS:
+                who = f"policy {policy_name!r}: " if policy_name else ""
+                raise RuntimeError(f"{who}vLLM ended a completion with finish_reason={s.finish_reason!r} (not a stop "
+                                   "token or the length limit); the request was aborted or failed, see vLLM's log.")
+        device = next(model.parameters()).device
+        ids, mask = left_pad([p for p in prompt_ids for _ in range(num_generations)], tokenizer.pad_token_id)
+        length = max(1, max(len(s.token_ids) for s in rows))
+        completion = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.long)
+        cmask = torch.zeros((len(rows), length), dtype=torch.bool)
+        logp = torch.zeros((len(rows), length), dtype=torch.float32)
+        for i, s in enumerate(rows):
+            k = len(s.token_ids)
+            completion[i, :k] = torch.tensor(s.token_ids, dtype=torch.long)
+            cmask[i, :k] = True
+            logp[i, :k] = torch.tensor(s.logprobs, dtype=torch.float32)
+        texts = [decode_completion(tokenizer, s.token_ids, errors="replace") for s in rows]
+        return EngineRolloutBatch(
+            prompt_ids=ids.to(device), prompt_mask=mask.to(device), completion_ids=completion.to(device),
+            completion_mask=cmask.to(device), old_logprobs=logp.clone().to(device),
+            finish_reasons=[FINISH_REASONS[s.finish_reason] for s in rows], completion_texts=texts,
+            sampling_logprobs=logp.to(device),
+        )

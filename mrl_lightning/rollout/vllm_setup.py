@@ -1,0 +1,222 @@
+"""Checking a policy's vLLM settings, sizing a colocated engine, and building it (docs/rollout.md).
+
+Nothing here imports vLLM at module level: :func:`vllm_config_errors` runs with the
+config checks (before any model is built) and only looks for the packages;
+:func:`build_vllm_engine` imports them when the first rollout needs the engine.
+
+Memory share of a colocated engine (``vllm_gpu_memory_utilization: null``). vLLM's
+``gpu_memory_utilization`` is the fraction of the device's total memory one engine may
+hold (weights, activations, KV cache), and the engine refuses to start unless that much
+is free. The share is what the MWRA plan leaves of the device once training is counted:
+
+    share = (1 - (T + R) / M - fixed) / k,   capped at 0.9
+
+with M the device's memory (GiB), T the plan's training estimate of every policy this
+process runs (:func:`mrl_lightning.mwra.plan.policy_memory_bytes`: weights, gradients,
+AdamW state, activations of one micro-batch, logits, and the KV cache of Hugging Face
+sampling, which is left out for a vLLM policy: vLLM holds its own inside its share),
+R = 1 GiB for the CUDA context and allocator slack, ``fixed`` the shares set by hand on
+this process, and k the colocated vLLM policies left to size. A share below 0.05 is a
+configuration error. The engine is built at the policy's first generation; when that is
+the evaluation before step 1, the prompts counted are the held-out part's, more than a
+training batch: the share is then on the low side. Set ``micro_batch_size`` (activations
+then stop growing with the prompts) or ``vllm_gpu_memory_utilization`` to control it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+from typing import Any
+
+from mrl_lightning.errors import ConfigError
+from mrl_lightning.rollout.sampler_correction import importance_sampling_errors
+
+ROLLOUT_ENGINES = ("hf", "vllm")
+VLLM_MODES = ("colocate", "server")
+# The versions whose source this module was written against (pyproject's `vllm` extra).
+VLLM_VERSIONS = ">=0.32,<0.34"
+MIN_SHARE, MAX_SHARE, RESERVE_GIB = 0.05, 0.9, 1.0
+
+
+def missing_packages(mode: str) -> list[str]:
+    """Packages a vLLM engine in ``mode`` needs that this environment lacks (``vllm``; ``trl`` for a server)."""
+    needed = ["vllm"] + (["trl"] if mode == "server" else [])
+    return [name for name in needed if importlib.util.find_spec(name) is None]
+
+
+def vllm_config_errors(where: str, policy) -> list[str]:
+    """Problems of a policy's ``rollout_engine`` / ``vllm_*`` settings, without importing vLLM.
+
+    Args:
+        where: Prefix naming the policy, e.g. ``"policy 'qwen'"``.
+        policy: The :class:`~mrl_lightning.policy.PolicyModule` (its attributes are read).
+
+    Returns:
+        Error messages naming the field, the value and the fix (empty when valid).
+    """
+    errors = []
+    if policy.rollout_engine not in ROLLOUT_ENGINES:
+        errors.append(f"{where}: rollout_engine={policy.rollout_engine!r}; valid: {list(ROLLOUT_ENGINES)}.")
+    if policy.vllm_mode not in VLLM_MODES:
+        errors.append(f"{where}: vllm_mode={policy.vllm_mode!r}; valid: {list(VLLM_MODES)}.")
+    share = policy.vllm_gpu_memory_utilization
+    if share is not None and not 0 < share < 1:
+        errors.append(f"{where}: vllm_gpu_memory_utilization={share} must be in (0, 1) (the fraction of the GPU's "
+                      "memory this engine may hold), or null to take the share the MWRA plan leaves.")
+    if not 0 < policy.vllm_server_port < 65536 or not 0 < policy.vllm_group_port < 65536:
+        errors.append(f"{where}: vllm_server_port={policy.vllm_server_port} and vllm_group_port="
+                      f"{policy.vllm_group_port} must be TCP ports in 1-65535.")
+    if not policy.vllm_server_timeout > 0:
+        errors.append(f"{where}: vllm_server_timeout={policy.vllm_server_timeout} must be > 0 seconds.")
+    errors.extend(importance_sampling_errors(where, policy.vllm_importance_sampling_mode,
+                                             policy.vllm_importance_sampling_clip_max,
+                                             policy.vllm_importance_sampling_clip_min))
+    if policy.rollout_engine == "vllm" and policy.vllm_mode in VLLM_MODES:
+        missing = missing_packages(policy.vllm_mode)
+        if missing:
+            errors.append(f"{where}: rollout_engine='vllm' (vllm_mode={policy.vllm_mode!r}) needs {missing}, not "
+                          "installed here. On a CUDA machine run pip install -e '.[vllm]' (vllm "
+                          f"{VLLM_VERSIONS}), or set rollout_engine: hf.")
+    return errors
+
+
+def colocated_memory_share(policies: list, prompts_per_rank: int, device_memory_gib: float) -> dict[str, float]:
+    """``vllm_gpu_memory_utilization`` of each colocated vLLM policy left to size on one device.
+
+    Formula in the module docstring.
+
+    Args:
+        policies: The policies this process runs (built or not; their configs are read).
+        prompts_per_rank: B prompts per step on this rank (the plan's training estimate).
+        device_memory_gib: Total memory of the device, GiB.
+
+    Returns:
+        Policy name -> share, for every policy with ``rollout_engine: vllm``,
+        ``vllm_mode: colocate`` and ``vllm_gpu_memory_utilization: null``.
+
+    Raises:
+        ConfigError: the share left is below 0.05, naming the numbers and the fixes.
+    """
+    from mrl_lightning.mwra.plan import GIB, model_shape, policy_memory_bytes
+
+    colocated = [p for p in policies if p.rollout_engine == "vllm" and p.vllm_mode == "colocate"]
+    auto = [p for p in colocated if p.vllm_gpu_memory_utilization is None]
+    if not auto:
+        return {}
+    training = 0.0
+    for p in policies:
+        config = p.model_config()
+        if config is not None:
+            shape = model_shape(config)
+            own_kv = _hf_kv_cache_bytes(shape, p, prompts_per_rank) if p.rollout_engine == "vllm" else 0.0
+            training += (policy_memory_bytes(shape, p, prompts_per_rank) - own_kv) / GIB
+    fixed = sum(p.vllm_gpu_memory_utilization for p in colocated if p.vllm_gpu_memory_utilization is not None)
+    share = min(MAX_SHARE, (1.0 - (training + RESERVE_GIB) / device_memory_gib - fixed) / len(auto))
+    if share < MIN_SHARE:
+        names = [p.policy_name for p in auto]
+        raise ConfigError(
+            f"policies {names}: a colocated vLLM engine would get vllm_gpu_memory_utilization={share:.3f} of this "
+            f"{device_memory_gib:.1f} GiB device: training is estimated at {training:.1f} GiB (MWRA plan), "
+            f"{RESERVE_GIB:.0f} GiB is kept for the CUDA context and {fixed:.2f} is given to engines set by hand. "
+            "Give each policy its own device (--trainer.devices, trainer.placement: disjoint), a smaller "
+            "micro_batch_size, vllm_mode: server, or set vllm_gpu_memory_utilization by hand.")
+    return {p.policy_name: share for p in auto}
+
+
+def _hf_kv_cache_bytes(shape, policy, prompts_per_rank: int) -> float:
+    """The sampling KV cache term of :func:`mrl_lightning.mwra.plan.policy_memory_bytes` (float32
+    keys and values of every layer for G * B sequences of prompt + completion length)."""
+    if shape is None:
+        return 0.0
+    n = policy.num_generations * prompts_per_rank
+    return n * (policy.max_prompt_length + policy.max_completion_length) * shape.layers * 2 * shape.hidden * 4
+
+
+def _launcher_env(device) -> None:
+    """The torchrun variables vLLM's ``external_launcher`` reads, for a process not started by one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+    else:
+        rank, world = 0, 1
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("WORLD_SIZE", str(world))
+    os.environ.setdefault("LOCAL_RANK", str(device.index or 0))
+    os.environ.setdefault("MASTER_ADDR", "localhost")
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("localhost", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+
+
+def build_vllm_engine(policy, policies: list, prompts_per_rank: int, factory: Any = None,
+                      device_memory_gib: float | None = None):
+    """The :class:`~mrl_lightning.rollout.vllm_engine.VLLMEngine` of a built policy.
+
+    Colocated: ``vllm.LLM(model=<the policy's folder or hub id>, tokenizer=...,
+    gpu_memory_utilization=<share>, max_model_len=max_prompt_length + max_completion_length,
+    dtype=vllm_dtype, logprobs_mode="processed_logprobs", generation_config="vllm",
+    distributed_executor_backend="external_launcher", seed=<rank>)`` on the policy's GPU.
+    Server: TRL's ``VLLMClient(host, server_port, group_port, connection_timeout)`` with its
+    NCCL communicator on the policy's GPU; the server must run with
+    ``--logprobs-mode processed_logprobs`` (``trl vllm-serve`` does).
+
+    Args:
+        policy: The policy (model built).
+        policies: The policies this process runs (for the memory share).
+        prompts_per_rank: B prompts per step on this rank.
+        factory: ``(policy, **llm_kwargs) -> (llm, sampling_params_cls)`` for colocated, or
+            ``(policy) -> client`` for a server; None = the real vLLM / TRL classes.
+        device_memory_gib: Memory of the policy's device, GiB; None = read from CUDA.
+
+    Raises:
+        ConfigError: the policy's model is not on a CUDA device, the memory share is too
+            small, or the server reports another ``logprobs_mode``.
+    """
+    from mrl_lightning.rollout.vllm_engine import ColocatedVLLM, ServerVLLM, VLLMEngine
+
+    device = next(policy.model.parameters()).device
+    p = f"policy {policy.policy_name!r}"
+    if factory is None and device.type != "cuda":
+        raise ConfigError(f"{p}: rollout_engine: vllm needs the policy on a CUDA device; it is on {device}. Set "
+                          "trainer.accelerator: cuda on a GPU machine, or rollout_engine: hf.")
+    if policy.vllm_mode == "server":
+        client = factory(policy) if factory is not None else _server_client(policy, device)
+        mode = client.get_server_info()["model_config"]["logprobs_mode"]
+        if mode != "processed_logprobs":
+            raise ConfigError(f"{p}: the vLLM server at {policy.vllm_server_host}:{policy.vllm_server_port} runs with "
+                              f"--logprobs-mode {mode}, whose log-probs are not those of the tempered distribution it "
+                              "samples; restart it with --logprobs-mode processed_logprobs (trl vllm-serve does).")
+        return VLLMEngine(ServerVLLM(client, {policy.tokenizer.eos_token_id}))
+    share = policy.vllm_gpu_memory_utilization
+    if share is None:
+        if device_memory_gib is None:
+            import torch
+
+            device_memory_gib = torch.cuda.get_device_properties(device).total_memory / 2**30
+        share = colocated_memory_share(policies, prompts_per_rank, device_memory_gib)[policy.policy_name]
+    source = getattr(policy.model, "name_or_path", None) or policy.model.config._name_or_path
+    kwargs = dict(model=source, tokenizer=os.path.expanduser(policy.tokenizer_source or source),
+                  gpu_memory_utilization=share, max_model_len=policy.max_prompt_length + policy.max_completion_length,
+                  dtype=policy.vllm_dtype, logprobs_mode="processed_logprobs", generation_config="vllm",
+                  distributed_executor_backend="external_launcher")
+    if factory is not None:
+        llm, params_cls = factory(policy, **kwargs)
+    else:
+        _launcher_env(device)
+        from vllm import LLM, SamplingParams
+
+        llm, params_cls = LLM(seed=int(os.environ["RANK"]), **kwargs), SamplingParams
+    return VLLMEngine(ColocatedVLLM(llm, params_cls))
+
+
+def _server_client(policy, device):
+    from trl.generation.vllm_client import VLLMClient
+
+    client = VLLMClient(host=policy.vllm_server_host, server_port=policy.vllm_server_port,
+                        group_port=policy.vllm_group_port, connection_timeout=policy.vllm_server_timeout)
+    client.init_communicator(device=device)
+    return client
