@@ -111,6 +111,11 @@ class CrossPolicyAdvantage(MRLCallback):
         self.alpha, self.scale_source, self.eps = alpha, scale_source, eps
         self.max_staleness, self.receivers = max_staleness, receivers
 
+    @property
+    def see_reads(self) -> dict[str, int | None]:
+        """Record type read from SEE -> how many steps back (checked by SharedExperienceExchange)."""
+        return {"group_stats": self.max_staleness}
+
     def config_errors(self, trainer, system) -> list[str]:
         """Unknown receivers, receivers not on ``scale_rewards: group``, missing SEE."""
         errors = []

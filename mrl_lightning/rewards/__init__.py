@@ -1,9 +1,11 @@
 """Verifiers used as reward functions."""
 
 from mrl_lightning.rewards.base import RewardFunction
+from mrl_lightning.rewards.guard import RewardError, TimeLimitedReward, checked_rewards
 from mrl_lightning.rewards.reasoning_gym import ReasoningGymAccuracy, extract_answer
 
-__all__ = ["ReasoningGymAccuracy", "RewardFunction", "extract_answer"]
+__all__ = ["ReasoningGymAccuracy", "RewardError", "RewardFunction", "TimeLimitedReward", "checked_rewards",
+           "extract_answer"]
 
 from mrl_lightning.rewards.answers import answers_match, parse_final_answer, parse_reference
 from mrl_lightning.rewards.math_verify import MathVerifyReward

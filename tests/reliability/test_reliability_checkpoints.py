@@ -1,0 +1,147 @@
+"""Faults around checkpoints and the exchange log (docs/reliability.md, "Checkpoints and the exchange log")."""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from mrl_lightning import checkpoint as ckpt
+from mrl_lightning.checkpoint import FORMAT_VERSION, CheckpointError, atomic_save, load_checkpoint
+from mrl_lightning.cli import main
+from mrl_lightning.exchange import read_log, record_key
+
+
+def _run_dir(config: Path, version: str) -> Path:
+    return config.parent / "runs" / version
+
+
+class _FullDisk:
+    """A file whose writes fail with ENOSPC once ``room`` bytes are written (the rest of the first write lands)."""
+
+    def __init__(self, fh, room: int):
+        self.fh, self.room = fh, room
+
+    def write(self, data) -> int:
+        if len(data) > self.room:
+            self.fh.write(bytes(data[: self.room]))
+            self.room = 0
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(data)
+        return self.fh.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.fh, name)
+
+
+def test_disk_full_mid_checkpoint_keeps_the_last_good_one_loadable(write_tiny_config, monkeypatch):
+    config = write_tiny_config(modify=lambda c: c["trainer"].update(max_steps=2, version="full", keep_checkpoints=5))
+    real_save = torch.save
+    saves = []
+
+    def save(obj, fh, *args, **kwargs):  # the second checkpoint (step 2) meets a full disk half-way
+        saves.append(obj["counters"]["global_step"])
+        target = _FullDisk(fh, room=300_000) if len(saves) == 2 else fh
+        return real_save(obj, target, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt.torch, "save", save)
+    with pytest.raises(OSError) as info:
+        main(["fit", "--config", str(config)])
+    monkeypatch.setattr(ckpt.torch, "save", real_save)
+    folder = _run_dir(config, "full") / "checkpoints"
+    assert info.value.errno == errno.ENOSPC and saves == [1, 2]
+    assert f"while writing {folder / 'last.ckpt'}" in str(info.value) and "previous last.ckpt is untouched" in str(
+        info.value) and "--ckpt_path" in str(info.value)
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "step=1.ckpt"]  # no partial file left
+    assert load_checkpoint(folder / "last.ckpt")["counters"]["global_step"] == 1
+    resumed = write_tiny_config("b.yaml", modify=lambda c: c["trainer"].update(max_steps=2, version="resumed"))
+    assert main(["fit", "--config", str(resumed), "--ckpt_path", str(folder / "last.ckpt")]) == 0
+
+
+def test_atomic_save_leaves_no_partial_file_and_keeps_the_old_one(tmp_path, monkeypatch):
+    path = tmp_path / "last.ckpt"
+    atomic_save({"format": "mrl-lightning", "version": FORMAT_VERSION, "x": torch.zeros(10)}, path)
+    real_save = torch.save
+    monkeypatch.setattr(ckpt.torch, "save", lambda obj, fh: real_save(obj, _FullDisk(fh, room=100)))
+    with pytest.raises(OSError, match="No space left on device while writing"):
+        atomic_save({"x": torch.ones(100_000)}, path)
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+    assert torch.equal(torch.load(path, weights_only=True)["x"], torch.zeros(10))
+
+
+def test_checkpoint_from_a_newer_format_is_refused_naming_the_upgrade(tmp_path):
+    path = tmp_path / "future.ckpt"
+    torch.save({"format": "mrl-lightning", "version": FORMAT_VERSION + 1, "counters": {}}, path)
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path)
+    msg = str(info.value)
+    assert f"format version {FORMAT_VERSION + 1}" in msg and f"({FORMAT_VERSION})" in msg and "upgrade" in msg
+
+
+def test_newer_checkpoint_stops_the_cli_before_any_model_is_built(write_tiny_config, tmp_path, capsys, monkeypatch):
+    path = tmp_path / "future.ckpt"
+    torch.save({"format": "mrl-lightning", "version": FORMAT_VERSION + 1, "counters": {}}, path)
+    monkeypatch.setattr("mrl_lightning.recipes.tiny.TinyCausalLM.materialize",
+                        lambda *a, **k: pytest.fail("built a model before reading the checkpoint"))
+    assert main(["fit", "--config", str(write_tiny_config()), "--ckpt_path", str(path)]) == 2
+    assert "newer than this mrl-lightning reads" in capsys.readouterr().err
+
+
+def test_exchange_log_with_a_torn_last_line_reads_back_without_it_and_warns(tmp_path):
+    from mrl_lightning.exchange import ExperienceExchange, SuccessRecord
+
+    path = tmp_path / "see.jsonl"
+    records = [SuccessRecord(f"add/{i}", "gpt2", i, f" {i}", 1.0, "exact", "1") for i in range(3)]
+    ExperienceExchange(log_path=str(path)).publish(records)
+    with open(path, "a") as fh:
+        fh.write(json.dumps({"record_type": "success", "prompt_id": "add/9"})[:25])  # killed mid-append
+    with pytest.warns(UserWarning, match=r"see.jsonl' ends in a torn line \(line 4, 25 characters"):
+        back = read_log(str(path))
+    assert [record_key(r) for r in back] == [record_key(r) for r in records]
+
+
+def _log_config(c, log, version, max_steps):
+    c["trainer"].update(max_steps=max_steps, version=version, keep_checkpoints=10)
+    c["trainer"]["callbacks"][0]["init_args"] = {"log_path": str(log)}
+
+
+def test_resuming_into_the_same_exchange_log_gives_the_log_of_an_unbroken_run(write_tiny_config, tmp_path):
+    straight_log, shared_log = tmp_path / "straight.jsonl", tmp_path / "shared.jsonl"
+    straight = write_tiny_config("a.yaml", modify=lambda c: _log_config(c, straight_log, "straight", 3))
+    assert main(["fit", "--config", str(straight)]) == 0
+    first = write_tiny_config("b.yaml", modify=lambda c: _log_config(c, shared_log, "first", 3))
+    assert main(["fit", "--config", str(first)]) == 0  # runs past step 1; its step 2-3 records are in the log
+    with open(shared_log, "a") as fh:
+        fh.write('{"record_type": "rollout", "prompt_id": "add/')  # and it died mid-append
+    resumed = write_tiny_config("c.yaml", modify=lambda c: _log_config(c, shared_log, "resumed", 3))
+    step1 = _run_dir(first, "first") / "checkpoints" / "step=1.ckpt"
+    assert main(["fit", "--config", str(resumed), "--ckpt_path", str(step1)]) == 0
+    assert [record_key(r) for r in read_log(str(shared_log))] == [record_key(r) for r in read_log(str(straight_log))]
+
+
+def test_a_recipe_cache_miss_leaves_the_random_generators_as_a_hit_does(tmp_path):
+    """A resumed process finds the recipe cached; the first one built it: both must continue from one RNG state."""
+    import random
+
+    import numpy as np
+
+    from mrl_lightning.data import ReasoningGymDataModule
+    from mrl_lightning.policy import PolicyModule
+    from mrl_lightning.recipes import TinyCausalLM
+
+    data = ReasoningGymDataModule(parts=[{"name": "add", "dataset": "basic_arithmetic", "config": {
+        "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+"]}}],
+        batch_size=2, train_size=20, eval_size=4)
+    data.setup()
+    recipe = TinyCausalLM(family="gpt2", tokenizer_kind="byte_level_bpe", vocab_size=300, hidden_size=32,
+                          num_layers=1, num_heads=2, cache_dir=str(tmp_path / "cache"))
+    policy = PolicyModule(name="p", model=recipe)
+    for _ in ("miss", "hit"):
+        torch.manual_seed(123), random.seed(123), np.random.seed(123)
+        policy.materialize(data, cache_log=lambda msg: None)
+        assert torch.equal(torch.get_rng_state(), torch.manual_seed(123).get_state())
+        assert random.random() == random.Random(123).random()
+        assert np.random.random() == np.random.RandomState(123).random_sample()
