@@ -73,14 +73,21 @@ def arm_snippet(arm: str, out: Path) -> Path:
     return target
 
 
-def fit_command(config: Path, snippet: Path, seed: int, steps: int, eval_every: int, run_dir: Path) -> list[str]:
-    """``mrl fit`` for one run, one thread, logging every step, checkpoint only at the end."""
+def fit_command(config: Path, snippet: Path, seed: int, steps: int, eval_every: int, run_dir: Path,
+                placement: str = "colocated") -> list[str]:
+    """``mrl fit`` for one run, one thread per process, logging every step, checkpoint only at the end.
+
+    ``placement="disjoint"`` runs each of the two policies in its own process (docs/mwra.md).
+    """
     mrl = Path(sys.executable).with_name("mrl")
-    return [str(mrl), "fit", "--config", str(config), "--config", str(snippet), "--seed_everything", str(seed),
-            "--trainer.max_steps", str(steps), "--trainer.eval_every_n_steps", str(eval_every),
-            "--trainer.log_every_n_steps", "1", "--trainer.num_threads", "1",
-            "--trainer.checkpoint_every_n_steps", "0", "--trainer.enable_progress_bar", "false",
-            "--trainer.default_root_dir", str(run_dir), "--trainer.version", "0"]
+    cmd = [str(mrl), "fit", "--config", str(config), "--config", str(snippet), "--seed_everything", str(seed),
+           "--trainer.max_steps", str(steps), "--trainer.eval_every_n_steps", str(eval_every),
+           "--trainer.log_every_n_steps", "1", "--trainer.num_threads", "1",
+           "--trainer.checkpoint_every_n_steps", "0", "--trainer.enable_progress_bar", "false",
+           "--trainer.default_root_dir", str(run_dir), "--trainer.version", "0"]
+    if placement == "disjoint":
+        cmd += ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.placement", "disjoint"]
+    return cmd
 
 
 def run_all(jobs: list[dict], parallel: int, timeout_s: float | None) -> None:
@@ -148,6 +155,12 @@ def read_run(run_dir: Path) -> tuple[dict[str, dict[str, float]], dict[str, list
             values = series(f"eval/{p}/success_{name}")
             row[f"success_{name}"] = values[-1][1] if values else math.nan
             row[f"success_{name}_start"] = values[0][1] if values else math.nan
+            row[f"success_{name}_min"] = min(v for _, v in values) if values else math.nan
+        row["weak_rise"] = row["success_weak"] - row["success_weak_start"]
+        row["strong_min_ratio"] = (row["success_strong_min"] / row["success_strong_start"]
+                                   if row["success_strong_start"] else math.nan)
+        share = [v for _, v in series(f"probe/sgt/{p}/grad_share")]
+        row["sgt_grad_share"] = sum(share) / len(share) if share else math.nan
         grad = [v for _, v in series(f"train/{p}/grad_norm")]
         mean = sum(grad) / len(grad) if grad else math.nan
         row["grad_norm_mean"] = mean
@@ -177,7 +190,10 @@ def mean_ci(values: list[float]) -> tuple[float, float]:
 
 
 SUMMARY_KEYS = ("success_overall", "success_weak", "success_strong", "update_variance", "thl_mass_moved",
-                "thl_boundary_agreement", "prp_ess")
+                "thl_boundary_agreement", "prp_ess", "success_weak_start", "success_weak_min", "weak_rise",
+                "success_strong_start", "success_strong_min", "strong_min_ratio", "sgt_grad_share")
+# What the embedded default must show under SGT (docs/default.md, "What it has to show").
+MIN_WEAK_RISE, MIN_STRONG_RATIO = 0.3, 0.85
 
 
 def summarize(rows: list[dict], out: Path, meta: dict) -> list[dict]:
@@ -216,8 +232,50 @@ def summarize(rows: list[dict], out: Path, meta: dict) -> list[dict]:
         lines.append(f"| {r['arm']} | {r['policy']} | {r['seeds']} | {cell(r, 'success_overall')} | "
                      f"{cell(r, 'success_weak')} | {cell(r, 'success_strong')} | {cell(r, 'update_variance', 4)} | "
                      f"{cell(r, 'thl_mass_moved')} | {cell(r, 'thl_boundary_agreement')} | {cell(r, 'prp_ess')} |")
+    lines += ["", "Each part over training (sampled success, held-out prompts): start (step 0), minimum over "
+              "every evaluation, end; mean ± 95% interval over seeds.", "",
+              "| arm | policy | weak start | weak min | weak end | weak rise | strong start | strong min | "
+              "strong end | strong min / start | SGT grad share |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in summary:
+        lines.append(f"| {r['arm']} | {r['policy']} | {cell(r, 'success_weak_start')} | {cell(r, 'success_weak_min')} | "
+                     f"{cell(r, 'success_weak')} | {cell(r, 'weak_rise')} | {cell(r, 'success_strong_start')} | "
+                     f"{cell(r, 'success_strong_min')} | {cell(r, 'success_strong')} | "
+                     f"{cell(r, 'strong_min_ratio', 2)} | {cell(r, 'sgt_grad_share', 2)} |")
+    lines += ["", *requirement_lines(rows, summary)]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     return summary
+
+
+def requirement_lines(rows: list[dict], summary: list[dict], arm: str = "sgt", control: str = "none") -> list[str]:
+    """PASS / FAIL lines for what the default must show under ``arm`` against ``control``.
+
+    Per policy: every seed's weak part rises by >= :data:`MIN_WEAK_RISE` (end - start); every
+    seed's strong part stays >= :data:`MIN_STRONG_RATIO` x its start at every evaluation; the
+    95% intervals over seeds of the final weak part under ``arm`` and ``control`` do not overlap.
+    Each line gives the margin (how far from the threshold), so a miss says by how much.
+    """
+    by = {(r["arm"], r["policy"]): r for r in summary}
+    out = [f"Requirements ({arm} against {control}):", ""]
+    for policy in dict.fromkeys(r["policy"] for r in summary if r["arm"] == arm):
+        mine = [r for r in rows if r["arm"] == arm and r["policy"] == policy]
+        if not mine:
+            continue
+        rise = min(r["weak_rise"] for r in mine)
+        ratio = min(r["strong_min_ratio"] for r in mine)
+        out.append(f"- {policy}: weak rise >= {MIN_WEAK_RISE} on every seed: "
+                   f"{'PASS' if rise >= MIN_WEAK_RISE else 'FAIL'} (smallest {rise:.3f}, margin {rise - MIN_WEAK_RISE:+.3f}; "
+                   f"mean {by[(arm, policy)]['weak_rise']:.3f})")
+        out.append(f"- {policy}: strong >= {MIN_STRONG_RATIO} x start at every evaluation, every seed: "
+                   f"{'PASS' if ratio >= MIN_STRONG_RATIO else 'FAIL'} (smallest min/start {ratio:.3f}, margin "
+                   f"{ratio - MIN_STRONG_RATIO:+.3f})")
+        if (control, policy) in by:
+            a, c = by[(arm, policy)], by[(control, policy)]
+            lo_a = a["success_weak"] - (0 if math.isnan(a["success_weak_ci95"]) else a["success_weak_ci95"])
+            hi_c = c["success_weak"] + (0 if math.isnan(c["success_weak_ci95"]) else c["success_weak_ci95"])
+            out.append(f"- {policy}: final weak part, {arm} interval above {control} interval: "
+                       f"{'PASS' if lo_a > hi_c else 'FAIL'} ({arm} lower end {lo_a:.3f}, {control} upper end {hi_c:.3f}, "
+                       f"gap {lo_a - hi_c:+.3f})")
+    return out
 
 
 def plot(summary: list[dict], curves: dict, out: Path) -> Path:
@@ -249,12 +307,18 @@ def plot(summary: list[dict], curves: dict, out: Path) -> Path:
                 if not runs:
                     continue
                 steps = [s for s, _ in runs[0]]
-                mean = [sum(run[j][1] for run in runs if j < len(run)) / len(runs) for j in range(len(steps))]
-                ax.plot(steps, mean, style, marker="o", markersize=3, color=colors[i % len(colors)],
-                        label=f"{arm} ({part})")
+                stats = [mean_ci([run[j][1] for run in runs if j < len(run)]) for j in range(len(steps))]
+                mean = [m for m, _ in stats]
+                color = colors[i % len(colors)]
+                ax.plot(steps, mean, style, marker="o", markersize=3, color=color, label=f"{arm} ({part})")
+                if len(runs) > 1:  # 95% interval over seeds
+                    ax.fill_between(steps, [m - h for m, h in stats], [m + h for m, h in stats], color=color,
+                                    alpha=0.15, linewidth=0)
+                if part == "strong" and arm == "sgt":  # the stability floor: 0.85 x the start
+                    ax.axhline(MIN_STRONG_RATIO * mean[0], color=color, linewidth=0.8, linestyle="--", alpha=0.6)
         ax.set_title(f"{policy}: success over training (8 samples per prompt)")
         ax.set_xlabel("step")
-        ax.set_ylabel("success (mean over seeds)")
+        ax.set_ylabel("success (mean over seeds, 95% band)")
         ax.set_ylim(-0.02, 1.02)
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -274,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-every", type=int, default=None, help="eval period; default steps // 5")
     parser.add_argument("--config", type=Path, default=REPO / "configs" / "default.yaml")
     parser.add_argument("--timeout-s", type=float, default=None, help="kill a run after this long")
+    parser.add_argument("--placement", choices=["colocated", "disjoint"], default="colocated",
+                        help="disjoint: each policy in its own process (2 processes a run; use --parallel 1)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.parallel < 1:
         parser.error(f"--steps={args.steps} and --parallel={args.parallel} must be >= 1.")
@@ -288,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
             if (run_dir / "done.json").is_file():
                 print(f"skip {arm}/seed{seed}: done.json exists")
                 continue
-            cmd = fit_command(args.config, arm_snippet(arm, out), seed, args.steps, eval_every, run_dir)
+            cmd = fit_command(args.config, arm_snippet(arm, out), seed, args.steps, eval_every, run_dir,
+                              args.placement)
             jobs.append({"name": f"{arm}/seed{seed}", "dir": run_dir, "cmd": cmd})
     if jobs:  # build (or find) the cached warm-start once, before runs race to build it
         warm = out / "warm_start"

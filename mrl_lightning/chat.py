@@ -71,7 +71,8 @@ def tokenizer_adds_bos(tokenizer) -> bool:
     return bool(ids) and ids[0] == bos
 
 
-def encode_rendered(tokenizer, texts: list[str], max_len: int) -> list[list[int]]:
+def encode_rendered(tokenizer, texts: list[str], max_len: int,
+                    full_lengths: list[int] | None = None) -> list[list[int]]:
     """Token ids of rendered prompts with at most one BOS, left-truncated to ``max_len``.
 
     Texts are encoded with ``add_special_tokens=False`` (special tokens written in the
@@ -84,6 +85,7 @@ def encode_rendered(tokenizer, texts: list[str], max_len: int) -> list[list[int]
         tokenizer: A Hugging Face tokenizer.
         texts: B rendered prompts.
         max_len: Most tokens per prompt, >= 2.
+        full_lengths: If given, each prompt's length before truncation is appended to it.
 
     Returns:
         B lists of token ids.
@@ -100,6 +102,8 @@ def encode_rendered(tokenizer, texts: list[str], max_len: int) -> list[list[int]
         ids = [x if x[:1] == [bos] else [bos] + x for x in ids]
     out = []
     for x in ids:
+        if full_lengths is not None:
+            full_lengths.append(len(x))
         if len(x) > max_len:
             x = [bos] + x[-(max_len - 1):] if bos is not None and x[0] == bos else x[-max_len:]
         out.append(x)

@@ -9,6 +9,7 @@ corrupts the last good checkpoint.
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -30,10 +31,30 @@ def atomic_save(obj: Any, path: str | Path) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if _disk_full(exc):  # disk full mid-file: name the file and the fix
+            kept = f"the previous {path.name} is untouched" if path.exists() else f"no earlier {path.name} exists"
+            raise OSError(errno.ENOSPC, f"No space left on device while writing {path}; the partial file was "
+                          f"removed and {kept}. Free disk space (or move default_root_dir), then resume with "
+                          f"--ckpt_path {path.parent / 'last.ckpt'}.") from exc
         raise
+
+
+def _disk_full(exc: BaseException | None) -> bool:
+    """True when ``exc`` or an exception it was raised from is ``OSError(ENOSPC)``.
+
+    torch.save's zip writer hides a failed write: its cleanup raises a ``RuntimeError``
+    ("unexpected pos ...") whose context is the ``OSError`` of the write.
+    """
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 FORMAT_VERSION = 2

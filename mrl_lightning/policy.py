@@ -1,7 +1,7 @@
 """PolicyModule: one causal LM under GRPO, with its own tokenizer, template and objective.
 
 Each policy owns its weights, tokenizer, prompt template, optimizer and GRPO settings
-(SPEC 0, 2). The model is loaded with ``from_pretrained`` from a local folder or a hub
+(docs/grpo.md). The model is loaded with ``from_pretrained`` from a local folder or a hub
 id, or materialized by a recipe (e.g. :class:`~mrl_lightning.recipes.tiny.TinyCausalLM`)
 that writes such a folder first. A frozen reference model exists only when beta > 0.
 
@@ -21,10 +21,16 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
+from mrl_lightning.chat import chat_template_errors, encode_rendered, render_chat_prompt
 from mrl_lightning.errors import ConfigError
+from mrl_lightning.hub import HubUnreachableError, hub_load_kwargs
 from mrl_lightning.forward import completion_logits
 from mrl_lightning.objectives.grpo import LOSS_TYPES, SCALE_REWARDS
+from mrl_lightning.prompt_checks import note_prompt_lengths, prompt_collision_errors
 from mrl_lightning.recipes.tiny import TinyCausalLM
+from mrl_lightning.rollout.sampler_correction import correct_sampler_mismatch
+from mrl_lightning.rollout.vllm_engine import note_optimizer_step
+from mrl_lightning.rollout.vllm_setup import vllm_config_errors
 
 
 def _looks_local(path: str) -> bool:
@@ -79,6 +85,10 @@ class PolicyModule(pl.LightningModule):
         scale_rewards: "group", "batch" or "none" (TRL ``scale_rewards``).
         mask_truncated_completions: Drop completions without EOS from the loss (TRL).
         micro_batch_size: Sequences per forward/backward; None = the whole batch.
+        warmup_steps: Linear learning-rate warm-up: optimizer step k (from 0) uses
+            ``learning_rate * min(1, (k + 1) / warmup_steps)`` (TRL ``warmup_steps``, without
+            TRL's decay afterwards); 0 = ``learning_rate`` from the first step. Counted from the
+            optimizer's own step count, so a resumed run continues the ramp.
         strong_parts: Task parts this policy starts good at (log tags ``..._strong``);
             the others are its weak parts. None: taken from the warm-start recipe.
         disable_dropout: Set every dropout probability to 0 (TRL ``disable_dropout``), so
@@ -87,6 +97,29 @@ class PolicyModule(pl.LightningModule):
             across the completions that repeat it (:mod:`mrl_lightning.forward`): the same
             log-probs up to float rounding at about half the update's cost. False = one
             plain pass over prompt + completion per row.
+        chat_template: Render each prompt through the tokenizer's own chat template (one
+            user turn whose content is ``prompt_template`` filled in, the generation prompt
+            added; :mod:`mrl_lightning.chat`) and encode it with exactly one BOS. For
+            instruction models; False keeps ``prompt_template`` as the whole prompt (base models).
+        system_prompt: Content of a system turn before the user turn; needs ``chat_template``.
+        rollout_engine: ``"hf"`` (Hugging Face ``generate``) or ``"vllm"``
+            (:mod:`mrl_lightning.rollout.vllm_engine`; docs/rollout.md).
+        vllm_mode: ``"colocate"`` (vLLM in this process, on the policy's GPU) or ``"server"``
+            (a ``trl vllm-serve`` server) (TRL ``vllm_mode``).
+        vllm_gpu_memory_utilization: Fraction of the GPU a colocated engine may hold, in
+            (0, 1); null = the share the MWRA plan leaves (TRL ``vllm_gpu_memory_utilization``).
+        vllm_dtype: Weights dtype inside vLLM ("auto", "bfloat16", "float16", "float32").
+        vllm_server_host: Host of the server (TRL ``vllm_server_host``).
+        vllm_server_port: Port of the server (TRL ``vllm_server_port``).
+        vllm_server_timeout: Seconds to wait for the server to answer at start (TRL ``vllm_server_timeout``).
+        vllm_group_port: Port of the server's weight-update group (TRL ``vllm_group_port``).
+        vllm_importance_sampling_correction: Weight each token's surrogate by the bounded
+            ratio of the trainer's probability over vLLM's (TRL, same name).
+        vllm_importance_sampling_mode: ``token_truncate``, ``token_mask``,
+            ``sequence_truncate`` or ``sequence_mask`` (TRL, same name; TRL's default is
+            ``sequence_mask``).
+        vllm_importance_sampling_clip_max: C_max of the weights (TRL, same name and default 3).
+        vllm_importance_sampling_clip_min: C_min of the weights; null = none (TRL, same name).
 
     Raises:
         ValueError: every invalid option at once, before any model is built.
@@ -119,9 +152,24 @@ class PolicyModule(pl.LightningModule):
         scale_rewards: str = "group",
         mask_truncated_completions: bool = False,
         micro_batch_size: int | None = None,
+        warmup_steps: int = 0,
         strong_parts: list[str] | None = None,
         disable_dropout: bool = True,
         share_prompt_forward: bool = True,
+        chat_template: bool = False,
+        system_prompt: str | None = None,
+        rollout_engine: str = "hf",
+        vllm_mode: str = "colocate",
+        vllm_gpu_memory_utilization: float | None = None,
+        vllm_dtype: str = "auto",
+        vllm_server_host: str = "0.0.0.0",
+        vllm_server_port: int = 8000,
+        vllm_server_timeout: float = 240.0,
+        vllm_group_port: int = 51216,
+        vllm_importance_sampling_correction: bool = True,
+        vllm_importance_sampling_mode: str = "token_truncate",
+        vllm_importance_sampling_clip_max: float | None = 3.0,
+        vllm_importance_sampling_clip_min: float | None = None,
     ) -> None:
         super().__init__()
         self.policy_name = name
@@ -138,9 +186,19 @@ class PolicyModule(pl.LightningModule):
         self.num_iterations, self.loss_type, self.scale_rewards = num_iterations, loss_type, scale_rewards
         self.mask_truncated_completions = mask_truncated_completions
         self.micro_batch_size = micro_batch_size
+        self.warmup_steps = warmup_steps
         self.strong_parts = strong_parts
         self.disable_dropout = disable_dropout
         self.share_prompt_forward = share_prompt_forward
+        self.chat_template, self.system_prompt = chat_template, system_prompt
+        self.rollout_engine, self.vllm_mode, self.vllm_dtype = rollout_engine, vllm_mode, vllm_dtype
+        self.vllm_gpu_memory_utilization = vllm_gpu_memory_utilization
+        self.vllm_server_host, self.vllm_server_port = vllm_server_host, vllm_server_port
+        self.vllm_server_timeout, self.vllm_group_port = vllm_server_timeout, vllm_group_port
+        self.vllm_importance_sampling_correction = vllm_importance_sampling_correction
+        self.vllm_importance_sampling_mode = vllm_importance_sampling_mode
+        self.vllm_importance_sampling_clip_max = vllm_importance_sampling_clip_max
+        self.vllm_importance_sampling_clip_min = vllm_importance_sampling_clip_min
         self.model: torch.nn.Module | None = None
         self.tokenizer = None
         self._ref_model: list[torch.nn.Module] = []  # kept out of state_dict: rebuilt from the same weights
@@ -169,6 +227,8 @@ class PolicyModule(pl.LightningModule):
                 errors.append(f"{p}: {key}={getattr(self, key)} must be >= 1.")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             errors.append(f"{p}: micro_batch_size={self.micro_batch_size} must be >= 1 or null.")
+        if self.warmup_steps < 0:
+            errors.append(f"{p}: warmup_steps={self.warmup_steps} must be >= 0 (0 = no warm-up).")
         if self.beta < 0:
             errors.append(f"{p}: beta={self.beta} must be >= 0 (0 disables the KL term).")
         if self.kl_log_ratio_clamp is not None and not self.kl_log_ratio_clamp > 0:
@@ -182,6 +242,11 @@ class PolicyModule(pl.LightningModule):
             errors.append(f"{p}: scale_rewards={self.scale_rewards!r}; valid: {list(SCALE_REWARDS)}.")
         if self.learning_rate <= 0:
             errors.append(f"{p}: learning_rate={self.learning_rate} must be > 0.")
+        errors.extend(vllm_config_errors(p, self))
+        if self.system_prompt is not None and not self.chat_template:
+            errors.append(f"{p}: system_prompt={self.system_prompt!r} needs chat_template: true (a system turn "
+                          "exists only in a chat format); set chat_template: true, or drop system_prompt and "
+                          "write the instruction into prompt_template.")
         for key, template, field in (("prompt_template", self.prompt_template, "question"),
                                      ("completion_template", self.completion_template, "answer")):
             errors.extend(_template_errors(p, key, template, field))
@@ -192,6 +257,11 @@ class PolicyModule(pl.LightningModule):
         tok = self.tokenizer_source
         if tok is None and isinstance(self.model_source, str):
             tok = self.model_source
+        elif isinstance(self.model_source, str) and not _looks_local(self.model_source):
+            try:  # the tokenizer comes from elsewhere: the model's hub id is checked on its own
+                hub_load_kwargs(self.model_source, "model", p)
+            except HubUnreachableError as exc:
+                errors.append(str(exc))
         if isinstance(tok, str):
             if _looks_local(tok) and not Path(tok).expanduser().is_dir():
                 errors.append(f"{p}: tokenizer={tok!r} is not an existing folder. Give a folder written "
@@ -204,21 +274,35 @@ class PolicyModule(pl.LightningModule):
         from transformers import AutoTokenizer
 
         p = f"policy {self.policy_name!r}"
+        try:  # a hub id without network fails here at once (mrl_lightning.hub)
+            hub = hub_load_kwargs(source, "tokenizer" if self.tokenizer_source else "model", p, "tokenizer_config.json")
+        except HubUnreachableError as exc:
+            return [str(exc)]
         try:
-            tok = AutoTokenizer.from_pretrained(os.path.expanduser(source))
+            tok = AutoTokenizer.from_pretrained(os.path.expanduser(source), **hub)
         except Exception as exc:  # noqa: BLE001 - reported as a config error with its cause
             return [f"{p}: tokenizer {source!r} could not be loaded ({type(exc).__name__}: {exc})."]
         self._apply_pad_token(tok)
         if self.pad_token is not None and self.pad_token not in tok.get_vocab():
             return [f"{p}: pad_token={self.pad_token!r} is not in the vocabulary of tokenizer {source!r}; use a "
                     f"token it has, e.g. its EOS pad_token: {tok.eos_token!r}."]
+        if tok.eos_token_id is None:  # before the pad check, whose advice is the EOS text
+            return [f"{p}: tokenizer {source!r} has no EOS token (eos_token=None), so a completion could never "
+                    "finish and the loss mask would have no end. Use a tokenizer that defines one, or add it: "
+                    "tok.add_special_tokens({'eos_token': '</s>'}); tok.save_pretrained(<folder>) and point "
+                    "tokenizer: at that folder (the model's vocabulary must hold the new id)."]
         if tok.pad_token_id is None:
             return [f"{p}: tokenizer {source!r} has no pad token. Set pad_token: '<its EOS text>' in this "
                     f"policy's config (here: pad_token: {tok.eos_token!r})."]
-        if tok.eos_token_id is None:
-            return [f"{p}: tokenizer {source!r} has no EOS token; completions could never finish."]
+        if self.chat_template:
+            errors = chat_template_errors(p, tok)
+            if errors:
+                return errors
         self.tokenizer = tok
-        return []
+        errors = prompt_collision_errors(self)  # two questions, one prompt: template or truncation
+        if errors:
+            self.tokenizer = None
+        return errors
 
     def _apply_pad_token(self, tok) -> None:
         if self.pad_token is not None:
@@ -233,7 +317,13 @@ class PolicyModule(pl.LightningModule):
         """
         source = self.model_source
         if isinstance(source, TinyCausalLM):
-            source = str(source.materialize(self, datamodule, log=cache_log))
+            from mrl_lightning.mwra.rng import rng_state, set_rng_state
+
+            saved = rng_state()  # a cache miss (init + warm-start) must leave the generators as a hit does
+            try:
+                source = str(source.materialize(self, datamodule, log=cache_log))
+            finally:
+                set_rng_state(saved)
             if self.strong_parts is None and source and self.model_source.warm_start_part:
                 self.strong_parts = [self.model_source.warm_start_part]
         return os.path.expanduser(source)
@@ -249,7 +339,8 @@ class PolicyModule(pl.LightningModule):
         try:
             from transformers import AutoConfig
 
-            return AutoConfig.from_pretrained(os.path.expanduser(self.model_source))
+            source = os.path.expanduser(self.model_source)
+            return AutoConfig.from_pretrained(source, **hub_load_kwargs(source, "model", self.policy_name))
         except Exception:  # noqa: BLE001 - the plan then says "?" for this policy
             return None
 
@@ -271,7 +362,8 @@ class PolicyModule(pl.LightningModule):
                 raise ConfigError("\n".join(errors))
         if not with_model:
             return
-        self.model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+        hub = hub_load_kwargs(source, "model", f"policy {self.policy_name!r}")
+        self.model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **hub)
         self.model.train()  # from_pretrained returns eval mode
         if self.disable_dropout:
             for module in self.model.modules():
@@ -280,7 +372,7 @@ class PolicyModule(pl.LightningModule):
                 if hasattr(module, "attention_dropout") and isinstance(module.attention_dropout, float):
                     module.attention_dropout = 0.0
         if self.beta > 0:
-            ref = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+            ref = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **hub).eval()
             ref.requires_grad_(False)
             self._ref_model = [ref]
 
@@ -295,16 +387,35 @@ class PolicyModule(pl.LightningModule):
 
     # ------------------------------------------------------------------ prompting
     def render_prompt(self, item) -> str:
-        """The prompt text of ``item`` in this policy's template."""
-        return self.prompt_template.format(question=item.question)
+        """The prompt text of ``item``: ``prompt_template`` filled in, inside the tokenizer's
+        chat format when ``chat_template`` (system turn, user turn, generation prompt).
+
+        Raises:
+            ConfigError: ``chat_template`` and the tokenizer has no chat template.
+        """
+        text = self.prompt_template.format(question=item.question)
+        if self.chat_template:
+            return render_chat_prompt(self.tokenizer, text, self.system_prompt)
+        return text
 
     def render_completion(self, item) -> str:
         """A reference completion (warm-start only)."""
         return self.completion_template.format(answer=item.answer)
 
     def encode_prompts(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of rendered prompts, left-truncated to ``max_prompt_length``."""
+        """Token ids of rendered prompts, left-truncated to ``max_prompt_length``.
+
+        With ``chat_template`` the text already holds the template's special tokens: it is
+        encoded with exactly one BOS (:func:`mrl_lightning.chat.encode_rendered`, which keeps
+        the BOS when truncating); otherwise with the tokenizer's own convention.
+        """
+        if self.chat_template:
+            lengths: list[int] = []
+            ids = encode_rendered(self.tokenizer, texts, self.max_prompt_length, full_lengths=lengths)
+            note_prompt_lengths(self, lengths)  # counted, warned once (mrl_lightning.prompt_checks)
+            return ids
         ids = self.tokenizer(texts)["input_ids"]
+        note_prompt_lengths(self, [len(x) for x in ids])
         return [x[-self.max_prompt_length:] for x in ids]
 
     # ------------------------------------------------------------------- log-probs
@@ -362,6 +473,26 @@ def loss_counts(policy: PolicyModule, rollouts) -> dict[str, float]:
     return {"sequences": float(rollouts.completion_ids.shape[0]), "tokens": float(loss_mask(policy, rollouts).sum())}
 
 
+def warmup_learning_rate(policy: PolicyModule, optimizer) -> float:
+    """Set every param group's lr for the coming step of ``optimizer`` (``warmup_steps``); return it.
+
+    Step k (0-based: the optimizer's state holds k steps so far) uses
+    ``learning_rate * min(1, (k + 1) / warmup_steps)``. Without warm-up the lr is left as it is.
+    """
+    if not policy.warmup_steps:
+        return policy.learning_rate
+    taken = 0
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            step = optimizer.state.get(param, {}).get("step")
+            if step is not None:
+                taken = max(taken, int(step))
+    lr = policy.learning_rate * min(1.0, (taken + 1) / policy.warmup_steps)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
 def policy_update(policy: PolicyModule, batch, model, fabric, optimizer,
                   sync_gradients: Callable[[list], None] | None = None) -> dict[str, float]:
     """One policy's update on its composed batch: ``num_iterations`` optimizer steps (docs/grpo.md).
@@ -371,7 +502,14 @@ def policy_update(policy: PolicyModule, batch, model, fabric, optimizer,
     gives the same gradient. With data parallelism the normalizers are the totals over the
     policy's group of ranks (``batch.group_counts``) and ``sync_gradients`` sums the
     gradients over the group before clipping, so k ranks give the gradient of one rank on
-    the whole batch. Probes' auxiliary losses are added once per iteration.
+    the whole batch. Probes' auxiliary losses are added once per iteration, each
+    backpropagated on its own so that its share of the gradient is logged
+    (``probe/<term>/<p>/grad_share``) and, when the term sets ``max_grad_share``, bounded
+    (:mod:`mrl_lightning.objectives.aux_share`). Rollouts sampled
+    by another engine (vLLM: ``sampling_logprobs`` set) are first scored by ``model`` without
+    gradient; those log-probs become the old log-probs, and the sampler's mismatch is
+    corrected with bounded importance weights and logged under ``rollout/<p>/``
+    (:func:`mrl_lightning.rollout.sampler_correction.correct_sampler_mismatch`, docs/rollout.md).
 
     Args:
         policy: The policy.
@@ -385,6 +523,8 @@ def policy_update(policy: PolicyModule, batch, model, fabric, optimizer,
     Returns:
         Metrics of the last iteration (loss, KL, clip ratio, entropy, grad norm, aux terms).
     """
+    from mrl_lightning.numerics import skip_nonfinite_update
+    from mrl_lightning.objectives.aux_share import backward_aux_losses
     from mrl_lightning.objectives.grpo import grpo_loss, masked_mean
 
     r = batch.scored.rollouts
@@ -406,9 +546,16 @@ def policy_update(policy: PolicyModule, batch, model, fabric, optimizer,
         with torch.no_grad():
             ref = torch.cat([logprobs(sl, policy.ref_model)[0] for sl in slices])
     metrics: dict[str, float] = {}
+    sampler_weights = None
+    if getattr(r, "sampling_logprobs", None) is not None:  # another engine sampled (vLLM): docs/rollout.md
+        with torch.no_grad():  # the update's own forward (same precision context) gives the old log-probs
+            trainer_logp = torch.cat([logprobs(sl, model)[0] for sl in slices])
+        sampler_weights, sampler_metrics = correct_sampler_mismatch(policy, r, trainer_logp)
+        metrics.update(sampler_metrics)
     for iteration in range(policy.num_iterations):
         optimizer.zero_grad(set_to_none=True)
-        totals = {"loss": 0.0, "kl": 0.0, "clip_low": 0.0, "clip_high": 0.0, "entropy": 0.0, "ratio_max": 1.0}
+        totals = {"loss": 0.0, "kl": 0.0, "clip_low": 0.0, "clip_high": 0.0, "entropy": 0.0}
+        ratios = []
         for sl in slices:
             logp, ent = logprobs(sl, model, entropy=iteration == 0)
             out = grpo_loss(
@@ -417,6 +564,7 @@ def policy_update(policy: PolicyModule, batch, model, fabric, optimizer,
                 use_bias_correction_kl=policy.use_bias_correction_kl, kl_log_ratio_clamp=policy.kl_log_ratio_clamp,
                 ref_logp=None if ref is None else ref[sl], max_completion_length=policy.max_completion_length,
                 num_sequences=n_seq, num_tokens=n_tokens,
+                sampler_weights=None if sampler_weights is None else sampler_weights[sl],
             )
             fabric.backward(out.loss)
             share = float(mask[sl].sum()) / local_tokens
@@ -428,25 +576,35 @@ def policy_update(policy: PolicyModule, batch, model, fabric, optimizer,
             if ent is not None:
                 totals["entropy"] += float(masked_mean(ent, mask[sl])) * share
             if mask[sl].any():
-                totals["ratio_max"] = max(totals["ratio_max"], float(out.ratio.detach()[mask[sl]].max()))
-        for aux in batch.aux_losses:
-            aux_loss, aux_metrics = aux(policy, model)
-            fabric.backward(aux_loss)
-            metrics.update(aux_metrics)
+                counted = out.ratio.detach()[mask[sl]]
+                ratios += [float(counted.min()), float(counted.max())]
         params = [p for p in policy.model.parameters() if p.requires_grad]
+        if batch.aux_losses:  # each term apart: its share of the update, and its bound (objectives/aux_share.py)
+            metrics.update(backward_aux_losses(batch.aux_losses, policy, model, fabric.backward, params,
+                                               tag=lambda term: f"probe/{term}/{policy.policy_name}"))
         if sync_gradients is not None:
             sync_gradients(params)
-        if policy.max_grad_norm is not None:
+        skipped = skip_nonfinite_update(policy, params)  # NaN/inf gradient: no step (mrl_lightning.numerics)
+        if skipped:
+            optimizer.zero_grad(set_to_none=True)
+            grad_norm = float("nan")
+        elif policy.max_grad_norm is not None:
             grad_norm = fabric.clip_gradients(model, optimizer, max_norm=policy.max_grad_norm)
         else:
             grads = [p.grad.detach().norm() for p in params if p.grad is not None]
             grad_norm = torch.stack(grads).norm() if grads else torch.zeros(())
-        optimizer.step()
+        if not skipped:
+            lr = warmup_learning_rate(policy, optimizer)
+            if policy.warmup_steps:
+                metrics[f"train/{policy.policy_name}/learning_rate"] = lr
+            optimizer.step()
+            note_optimizer_step(policy.model)  # a vLLM engine pushes the new weights before it samples again
         p = policy.policy_name
+        metrics[f"train/{p}/nonfinite_updates_skipped"] = float(skipped)
         metrics.update({
             f"train/{p}/loss": totals["loss"], f"train/{p}/grad_norm": float(grad_norm),
             f"train/{p}/clip_ratio_low": totals["clip_low"], f"train/{p}/clip_ratio_high": totals["clip_high"],
-            f"train/{p}/ratio_max": totals["ratio_max"],
+            f"train/{p}/ratio_max": max(ratios, default=1.0), f"train/{p}/ratio_min": min(ratios, default=1.0),
         })
         if policy.beta > 0:
             metrics[f"train/{p}/kl_nats"] = totals["kl"]

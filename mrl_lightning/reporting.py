@@ -4,7 +4,8 @@
 ``success_rate_<part>``), zero_std_group_share, completion_length_tokens,
 truncated_share. ``eval/<policy>/...``: greedy success on held-out prompts per part
 (``success_<part>``), and ``success_strong`` / ``success_weak`` averaged over the parts
-the policy started good / weak at.
+the policy started good / weak at; with k sampled completions per held-out prompt also
+``mean_at_k_<part>`` and ``pass_at_k_<part>`` (:func:`pass_at_k`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,36 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+
+from mrl_lightning.mwra.rng import sampling_rng
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased estimate of pass@k from n samples of which c are correct (Chen et al. 2021, eq. 1).
+
+    ``pass@k = 1 - C(n - c, k) / C(n, k)``, computed as ``1 - prod_{i=n-c+1}^{n} (1 - k / i)``
+    (the paper's numerically stable form): the chance that k of the n samples drawn
+    without replacement hold at least one correct one. With k = n it is 1 when c > 0, else 0.
+
+    Args:
+        n: Samples drawn for the prompt, >= 1.
+        c: Correct ones among them, 0 <= c <= n.
+        k: Attempts allowed, 1 <= k <= n.
+
+    Returns:
+        The estimate, in [0, 1].
+
+    Raises:
+        ValueError: ``n``, ``c`` or ``k`` out of range.
+    """
+    if not (n >= 1 and 0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass_at_k(n={n}, c={c}, k={k}) needs n >= 1, 0 <= c <= n and 1 <= k <= n.")
+    if n - c < k:
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
 
 
 def rollout_metrics(scored, policy) -> dict[str, float]:
@@ -30,6 +61,7 @@ def rollout_metrics(scored, policy) -> dict[str, float]:
         f"rollout/{p}/completion_length_tokens": float(r.completion_mask.sum(1).float().mean()),
         f"rollout/{p}/truncated_share": float(r.truncated.float().mean()),
         f"rollout/{p}/nan_reward_share": float(torch.isnan(rewards).float().mean()),
+        f"rollout/{p}/prompts_truncated_share": float(getattr(policy, "last_prompts_truncated_share", 0.0)),
     }
     parts: dict[str, list[int]] = {}
     for b, item in enumerate(scored.items):
@@ -63,40 +95,58 @@ def eval_counts(
 
     Returns:
         ``counts[policy][kind][part] = (successes, completions)`` with kind ``greedy`` or
-        ``sampled``, and ``samples[policy]`` markdown tables.
+        ``sampled``; with k > 0 also ``counts[policy]["per_prompt"][part] = (successes of
+        each prompt, k)`` (for pass@k after the ranks' prompts are merged); and
+        ``samples[policy]`` markdown tables.
     """
     counts: dict = {}
     samples: dict[str, str] = {}
     for name in policies:
         policy = system.policies[name]
         rows = ["| part | prompt | completion | correct |", "|---|---|---|---|"]
-        greedy, sampled = {}, {}
+        greedy, sampled, per_prompt = {}, {}, {}
         for part, items in eval_items.items():
             mine = shard(name, items)
             if not mine:
                 continue
             rate, texts = system.greedy_success(policy, mine)
             greedy[part] = (rate * len(mine), len(mine))
-            if eval_num_generations > 0:
-                rate = system.sampled_success(policy, mine, eval_num_generations, seed_for_part(name, part))
-                sampled[part] = (rate * len(mine) * eval_num_generations, len(mine) * eval_num_generations)
+            if eval_num_generations > 0:  # the stream of MutualRL.sampled_success: same numbers
+                with sampling_rng(seed_for_part(name, part)):
+                    hits = system.rollout_n(policy, mine, eval_num_generations).sum(dim=1).tolist()
+                sampled[part] = (float(sum(hits)), len(mine) * eval_num_generations)
+                per_prompt[part] = ([int(h) for h in hits], eval_num_generations)
             if with_samples(name):
                 _, _, ok = system.score(texts[:num_samples], mine[:num_samples])
                 for item, text, good in zip(mine[:num_samples], texts, ok.tolist()):
                     prompt = policy.render_prompt(item).replace("\n", "\\n").replace("|", "\\|")
                     rows.append(f"| {part} | {prompt} | {text!r} | {good} |")
         counts[name] = {"greedy": greedy, "sampled": sampled or greedy}
+        if per_prompt:
+            counts[name]["per_prompt"] = per_prompt
         if with_samples(name):
             samples[name] = "\n".join(rows)
     return counts, samples
 
 
 def merge_eval_counts(per_rank: list[dict]) -> dict:
-    """Sum :func:`eval_counts` results of several ranks."""
+    """Sum :func:`eval_counts` results of several ranks (per-prompt successes: concatenated in rank order).
+
+    Raises:
+        ValueError: two ranks sampled a different k for one policy and part.
+    """
     out: dict = {}
     for counts in per_rank:
         for name, kinds in counts.items():
             for kind, parts in kinds.items():
+                if kind == "per_prompt":
+                    for part, (hits, k) in parts.items():
+                        seen, k_seen = out.setdefault(name, {}).setdefault(kind, {}).get(part, ([], k))
+                        if k_seen != k:
+                            raise ValueError(f"policy {name!r}, part {part!r}: ranks sampled k={k_seen} and k={k} "
+                                             "completions per prompt; every rank must use the same k.")
+                        out[name][kind][part] = (seen + list(hits), k)
+                    continue
                 for part, (hits, total) in parts.items():
                     h, t = out.setdefault(name, {}).setdefault(kind, {}).get(part, (0.0, 0))
                     out[name][kind][part] = (h + hits, t + total)
@@ -108,17 +158,26 @@ def eval_metrics_from_counts(system, counts: dict) -> dict[str, float]:
 
     ``eval/<p>/greedy_success_<part>``: greedy decoding. ``eval/<p>/success_<part>``: mean
     success of k sampled completions per held-out prompt (the expected reward GRPO
-    optimizes), or the greedy number when k = 0. ``success_strong`` / ``success_weak`` (and
-    the ``greedy_`` ones) average the parts the policy started strong / weak at.
+    optimizes), or the greedy number when k = 0. With k > 0, over the held-out prompts:
+    ``eval/<p>/mean_at_k_<part>``, the mean of each prompt's share of correct samples, and
+    ``eval/<p>/pass_at_k_<part>``, the mean of :func:`pass_at_k` (n = k: the share of prompts
+    with at least one correct sample). ``_strong`` / ``_weak`` of each average the parts the
+    policy started strong / weak at.
     """
     metrics: dict[str, float] = {}
     for name, kinds in counts.items():
         policy = system.policies[name]
         rates = {kind: {part: hits / total for part, (hits, total) in parts.items() if total}
-                 for kind, parts in kinds.items()}
+                 for kind, parts in kinds.items() if kind != "per_prompt"}
+        for part, (hits, k) in kinds.get("per_prompt", {}).items():
+            if hits:
+                rates.setdefault("mean_at_k", {})[part] = sum(h / k for h in hits) / len(hits)
+                rates.setdefault("pass_at_k", {})[part] = sum(pass_at_k(k, h, k) for h in hits) / len(hits)
         strong = [p for p in (policy.strong_parts or []) if p in rates["greedy"]]
         weak = [p for p in rates["greedy"] if p not in strong]
-        for prefix, values in (("success", rates["sampled"]), ("greedy_success", rates["greedy"])):
+        kinds_out = [("success", rates["sampled"]), ("greedy_success", rates["greedy"])]
+        kinds_out += [(kind, rates[kind]) for kind in ("mean_at_k", "pass_at_k") if kind in rates]
+        for prefix, values in kinds_out:
             for part, value in values.items():
                 metrics[f"eval/{name}/{prefix}_{part}"] = value
             if strong:

@@ -1,9 +1,9 @@
 """MutualRL: the LightningModule that holds every policy and the shared verifiers.
 
 Policies are listed in YAML, one ``class_path`` each, and held in an ``nn.ModuleDict``
-by name. Rewards are computed on text by the reward functions (SPEC 1 step 3), so they
+by name. Rewards are computed on text by the reward functions (docs/grpo.md), so they
 are the same for every policy; ``success`` comes only from a *strict* verifier
-(SPEC 0: success = reward >= tau from a verifier that checked it).
+(success = reward >= tau from a verifier that checked it; docs/grpo.md).
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ import torch
 from mrl_lightning.batch import ScoredRollouts
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.mwra.rng import sampling_rng
+from mrl_lightning.numerics import check_finite_logprobs, named_sampling_errors
 from mrl_lightning.objectives.grpo import combine_rewards
 from mrl_lightning.policy import PolicyModule
-from mrl_lightning.rewards import ReasoningGymAccuracy, RewardFunction
+from mrl_lightning.rewards import ReasoningGymAccuracy, RewardFunction, checked_rewards
 from mrl_lightning.rollout import HFGenerateEngine
+from mrl_lightning.rollout.vllm_setup import build_vllm_engine
 
 
 class MutualRL(pl.LightningModule):
@@ -32,7 +34,7 @@ class MutualRL(pl.LightningModule):
             default: reasoning-gym strict accuracy.
         reward_weights: One weight per reward function (TRL ``reward_weights``).
         success_threshold: tau; a completion is a success when the strict verifier's
-            reward >= tau (SPEC 0).
+            reward >= tau (docs/grpo.md).
         success_verifier: Name of the strict reward function that decides success;
             None = the first strict one.
 
@@ -75,6 +77,26 @@ class MutualRL(pl.LightningModule):
         self.verifier = strict[0]
         self.verifier_index = reward_funcs.index(self.verifier)
         self.engine = HFGenerateEngine()
+        self.engines: dict = {}  # policy name -> its vLLM engine, built at its first rollout
+
+    def engine_for(self, policy: PolicyModule, prompts_per_rank: int):
+        """The rollout engine of ``policy``: the shared Hugging Face engine, or its own vLLM engine.
+
+        A vLLM engine is built at the policy's first rollout, after every model of this
+        process is built (its memory share counts them; docs/rollout.md). Put an engine in
+        ``engines[name]`` beforehand to use another one (tests use an in-process double).
+
+        Raises:
+            ConfigError: the vLLM engine cannot be placed (see
+                :func:`~mrl_lightning.rollout.vllm_setup.build_vllm_engine`).
+        """
+        if policy.rollout_engine != "vllm":
+            return self.engine
+        name = policy.policy_name
+        if name not in self.engines:
+            mine = [p for p in self.policies.values() if p.model is not None]
+            self.engines[name] = build_vllm_engine(policy, mine, prompts_per_rank)
+        return self.engines[name]
 
     def score(self, completions: list[str], items: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Score texts with every reward function.
@@ -82,7 +104,7 @@ class MutualRL(pl.LightningModule):
         Returns:
             ``([N, F] rewards per function, [N] combined reward, [N] bool success)``.
         """
-        cols = [torch.tensor(f(completions, items), dtype=torch.float32) for f in self.reward_funcs]
+        cols = [checked_rewards(f, completions, items) for f in self.reward_funcs]  # RewardError on bad values
         per_func = torch.stack(cols, dim=1)
         success = per_func[:, self.verifier_index] >= self.success_threshold  # NaN compares False
         return per_func, combine_rewards(per_func, self.reward_weights), success
@@ -98,12 +120,14 @@ class MutualRL(pl.LightningModule):
                 every generator is restored afterwards); None samples from the process's stream.
         """
         prompts = [policy.render_prompt(x) for x in items]
-        with sampling_rng(seed) if seed is not None else contextlib.nullcontext():
-            out = self.engine.generate(
+        with sampling_rng(seed) if seed is not None else contextlib.nullcontext(), \
+                named_sampling_errors(policy.policy_name):
+            out = self.engine_for(policy, len(items)).generate(
                 policy.model, policy.tokenizer, policy.encode_prompts(prompts),
                 num_generations=policy.num_generations, max_completion_length=policy.max_completion_length,
                 temperature=policy.temperature, top_p=policy.top_p, top_k=policy.top_k,
             )
+        check_finite_logprobs(policy.policy_name, out.old_logprobs, out.completion_mask)
         repeated = [x for x in items for _ in range(policy.num_generations)]
         per_func, rewards, success = self.score(out.completion_texts, repeated)
         shape = (len(items), policy.num_generations)
@@ -113,7 +137,7 @@ class MutualRL(pl.LightningModule):
     @torch.no_grad()
     def greedy_success(self, policy: PolicyModule, items: list) -> tuple[float, list[str]]:
         """Share of ``items`` solved by greedy decoding, and the completions."""
-        out = self.engine.generate(
+        out = self.engine_for(policy, len(items)).generate(
             policy.model, policy.tokenizer, policy.encode_prompts([policy.render_prompt(x) for x in items]),
             num_generations=1, max_completion_length=policy.max_completion_length, do_sample=False,
         )
@@ -136,11 +160,12 @@ class MutualRL(pl.LightningModule):
 
     def rollout_n(self, policy: PolicyModule, items: list, num_samples: int) -> torch.Tensor:
         """``[B, num_samples]`` bool success of sampled completions."""
-        out = self.engine.generate(
-            policy.model, policy.tokenizer, policy.encode_prompts([policy.render_prompt(x) for x in items]),
-            num_generations=num_samples, max_completion_length=policy.max_completion_length,
-            temperature=policy.temperature, top_p=policy.top_p, top_k=policy.top_k,
-        )
+        with named_sampling_errors(policy.policy_name):
+            out = self.engine_for(policy, len(items)).generate(
+                policy.model, policy.tokenizer, policy.encode_prompts([policy.render_prompt(x) for x in items]),
+                num_generations=num_samples, max_completion_length=policy.max_completion_length,
+                temperature=policy.temperature, top_p=policy.top_p, top_k=policy.top_k,
+            )
         repeated = [x for x in items for _ in range(num_samples)]
         _, _, success = self.score(out.completion_texts, repeated)
         return success.view(len(items), num_samples)

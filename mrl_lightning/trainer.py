@@ -283,6 +283,7 @@ class MRLTrainer:
 
     def _loop(self, model, datamodule) -> None:
         totals: dict[str, list[float]] = defaultdict(list)
+        shown: dict[str, float] = {}
         show = self.enable_progress_bar and self.is_global_zero
         with RunProgress(self.max_steps, self.global_step, enabled=show) as progress:
             while self.global_step < self.max_steps:
@@ -292,19 +293,27 @@ class MRLTrainer:
                         totals[key] = [value]  # counters: log the latest value, not a window mean
                     else:
                         totals[key].append(value)
-                progress.update(self.global_step, metrics, self.last_eval)
+                shown.update(metrics)
                 if self.global_step % self.log_every_n_steps == 0:
-                    self.fabric.log_dict({k: sum(v) / len(v) for k, v in totals.items()}, step=self.global_step)
+                    # Ranks meet once per log window, not once per step: one synchronization fewer per step.
+                    with self.workers.phase("metrics"):
+                        window = self.workers.gather_metrics({k: sum(v) / len(v) for k, v in totals.items()})
+                    self.fabric.log_dict(window, step=self.global_step)
+                    shown.update(window)
                     totals.clear()
+                progress.update(self.global_step, shown, self.last_eval)
                 if self.global_step % self.eval_every_n_steps == 0:
                     self._evaluate(model, datamodule)
-                    progress.update(self.global_step, metrics, self.last_eval)
+                    progress.update(self.global_step, shown, self.last_eval)
                 if self.checkpoint_every_n_steps and self.global_step % self.checkpoint_every_n_steps == 0 \
                         and self.global_step < self.max_steps:
                     self.save_checkpoint(model, datamodule)
 
     def training_step(self, model, datamodule) -> dict[str, float]:
-        """One training step of every policy this rank runs; returns the step's scalars, combined over ranks."""
+        """One training step of every policy this rank runs; returns this rank's scalars of the step.
+
+        Scalars are combined over ranks once per log window (:meth:`_loop`), not every step.
+        """
         w = self.workers
         start = time.perf_counter()
         items = datamodule.next_batch()
@@ -316,7 +325,10 @@ class MRLTrainer:
                 seed = stream_seed(self._run_seed(), name, "rollout", self.rollout_step, w.group_index(name))
                 scored[name] = model.rollout(policy, w.shard(name, items), seed=seed)
                 metrics.update(rollout_metrics(scored[name], policy))
-                metrics[f"rollout/{name}/gen_time_s"] = metrics[f"mwra/{name}/rollout_s"] = time.perf_counter() - t0
+                elapsed = time.perf_counter() - t0
+                metrics[f"rollout/{name}/gen_time_s"] = metrics[f"mwra/{name}/rollout_s"] = elapsed
+                tokens = float(scored[name].rollouts.completion_mask.sum())
+                metrics[f"mwra/{name}/rollout_tokens_per_s"] = tokens / max(elapsed, 1e-9)
         self.rollout_step += 1
         self.samples_seen += sum(len(items) * p.num_generations for p in model.policies.values())
         with w.phase("exchange"):
@@ -341,8 +353,6 @@ class MRLTrainer:
         for name in w.local_policies:
             metrics[f"mwra/{name}/wait_s"], metrics[f"mwra/{name}/peak_memory_gib"] = waited, peak
         metrics["train/step_time_s"] = time.perf_counter() - start
-        with w.phase("metrics"):
-            metrics = w.gather_metrics(metrics)
         metrics["train/samples_seen"] = float(self.samples_seen)
         self.fabric.call("on_train_step_end", self, model, metrics)
         return metrics

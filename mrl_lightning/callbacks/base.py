@@ -16,8 +16,9 @@ answers, in list order. Hooks, in the order one step calls them:
     callback-list order. ``system.policies`` holds every policy's tokenizer on every
     rank, but only this rank's policies have a model.
 ``on_train_step_end(trainer, system, metrics)``
-    after every policy's update; ``metrics`` is already combined over ranks; add scalars
-    to it to log them.
+    after the update of every policy this rank runs; ``metrics`` holds this rank's
+    scalars of the step; add scalars to it to log them (they are combined over ranks at
+    each log step).
 ``on_eval_end(trainer, system, metrics)``
 ``on_fit_end(trainer, system)``
 

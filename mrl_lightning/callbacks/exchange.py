@@ -1,4 +1,4 @@
-"""SharedExperienceExchange callback: publishes each step's SEE records (SPEC 1 step 4, SPEC 5).
+"""SharedExperienceExchange callback: publishes each step's SEE records (docs/see.md, docs/loop.md).
 
 Thin adapter: the records and the buffer live in :mod:`mrl_lightning.exchange`. It
 publishes, for every policy and prompt, one GroupStatsRecord, one RolloutRecord per
@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from mrl_lightning.callbacks.base import MRLCallback
+from mrl_lightning.errors import ConfigError
 from mrl_lightning.exchange import (
     ExperienceExchange,
     GroupStatsRecord,
@@ -51,10 +52,20 @@ class SharedExperienceExchange(MRLCallback):
         capacity: Records held at most (oldest evicted first).
         max_staleness: Records older than this many rollout steps are evicted; None = keep.
         record_types: Which records to publish: any of "rollout", "group_stats", "success".
-        log_path: Append-only JSONL audit log; relative paths are inside the run folder.
+        log_path: Append-only JSONL audit log; relative paths are inside the run folder (a
+            resumed run writes a new one in its own folder); an absolute path is one file
+            for the run and its resumes (cut back to the checkpoint on resume).
+        max_bytes: Estimated bytes held at most (oldest evicted first; see
+            :func:`~mrl_lightning.exchange.records.record_nbytes`); None = no byte bound.
+            The held records are saved in every checkpoint, so this also bounds the
+            exchange's share of a checkpoint (about a seventh of the estimate: a record
+            pickles to 80-200 bytes).
+        max_staleness_by_type: Staleness windows for some record types, replacing
+            ``max_staleness`` for them, e.g. ``{rollout: 0}``: rollouts of the current
+            step only, which is all SGT's THL residual metric reads.
 
     Raises:
-        ValueError: unknown record type names.
+        ValueError: unknown record type names, or invalid bounds (all at once).
     """
 
     def __init__(
@@ -63,21 +74,49 @@ class SharedExperienceExchange(MRLCallback):
         max_staleness: int | None = None,
         record_types: list[str] | None = None,
         log_path: str | None = None,
+        max_bytes: int | None = None,
+        max_staleness_by_type: dict[str, int] | None = None,
     ) -> None:
         record_types = list(record_types or RECORD_NAMES)
         bad = [r for r in record_types if r not in RECORD_NAMES]
         if bad:
             raise ValueError(f"SharedExperienceExchange.record_types has unknown {bad}; valid: {list(RECORD_NAMES)}.")
         self.capacity, self.max_staleness, self.record_types = capacity, max_staleness, record_types
+        self.max_bytes, self.max_staleness_by_type = max_bytes, dict(max_staleness_by_type or {})
         self.log_path = log_path
-        self.exchange = ExperienceExchange(capacity=capacity, max_staleness=max_staleness)
+        try:
+            self.exchange = self._new_exchange()
+        except ValueError as exc:
+            raise ConfigError(f"Invalid SharedExperienceExchange config: {exc}.") from None
+
+    def _new_exchange(self, log_path: str | None = None) -> ExperienceExchange:
+        return ExperienceExchange(capacity=self.capacity, max_staleness=self.max_staleness, log_path=log_path,
+                                  max_bytes=self.max_bytes, max_staleness_by_type=self.max_staleness_by_type)
+
+    def config_errors(self, trainer, system) -> list[str]:
+        """Probes (callbacks with ``see_reads``) that need records this exchange does not publish or keep."""
+        errors = []
+        for cb in trainer.callbacks:
+            for name, steps in (getattr(cb, "see_reads", None) or {}).items():
+                probe = type(cb).__name__
+                if name not in self.record_types:
+                    errors.append(f"{probe} reads {name!r} records, but SharedExperienceExchange.record_types="
+                                  f"{self.record_types} leaves them out; add {name!r} to record_types.")
+                    continue
+                kept = self.max_staleness_by_type.get(name, self.max_staleness)
+                if steps is not None and kept is not None and steps > kept:
+                    by_type = name in self.max_staleness_by_type
+                    where = f"max_staleness_by_type[{name!r}]" if by_type else "max_staleness"
+                    errors.append(f"{probe}.max_staleness={steps} reads {name!r} records up to {steps} steps old, but "
+                                  f"SharedExperienceExchange.{where}={kept} evicts them after {kept}; raise it to "
+                                  f"{steps} or lower {probe}.max_staleness to {kept}.")
+        return errors
 
     def setup(self, trainer, system, datamodule) -> None:
         if self.log_path and trainer.is_global_zero:  # every rank holds the same records; one writes the log
             path = self.log_path if os.path.isabs(self.log_path) else os.path.join(trainer.log_dir, self.log_path)
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            self.exchange = ExperienceExchange(capacity=self.capacity, max_staleness=self.max_staleness,
-                                               log_path=path)
+            self.exchange = self._new_exchange(log_path=path)
         trainer.exchange = self.exchange
 
     def records_for(self, scored, step: int, policy, verifier) -> list:
@@ -86,6 +125,10 @@ class SharedExperienceExchange(MRLCallback):
         r = scored.rollouts
         g = scored.num_generations
         fingerprint = tokenizer_fingerprint(policy.tokenizer)
+        # Python lists once, not tensor indexing per row: this runs every step on every rank.
+        ids_all, logp_all, mask_all = r.completion_ids.tolist(), r.old_logprobs.tolist(), r.completion_mask.tolist()
+        rewards_all, success_all = scored.rewards.tolist(), scored.success.tolist()
+        verifier_all = scored.verifier_rewards.tolist()
         for b, item in enumerate(scored.items):
             rewards = scored.rewards[b]
             valid = rewards[~torch.isnan(rewards)]
@@ -100,18 +143,19 @@ class SharedExperienceExchange(MRLCallback):
                 row = b * g + k
                 text = r.completion_texts[row]
                 if "rollout" in self.record_types:
-                    ids = r.completion_ids[row][r.completion_mask[row]].tolist()
+                    counted = mask_all[row]
+                    ids = [t for t, m in zip(ids_all[row], counted) if m]
                     out.append(RolloutRecord(
                         prompt_id=item.prompt_id, source=scored.policy, step=step, completion_text=text,
-                        token_ids=tuple(ids), logprobs=tuple(r.old_logprobs[row][r.completion_mask[row]].tolist()),
+                        token_ids=tuple(ids), logprobs=tuple(x for x, m in zip(logp_all[row], counted) if m),
                         offsets=_char_offsets(token_bytes(policy.tokenizer, ids), text),
-                        reward=float(rewards[k]), finish_reason=r.finish_reasons[row],
+                        reward=rewards_all[b][k], finish_reason=r.finish_reasons[row],
                         tokenizer_fingerprint=fingerprint, sample_index=k,
                     ))
-                if "success" in self.record_types and bool(scored.success[b, k]):
+                if "success" in self.record_types and success_all[b][k]:
                     out.append(SuccessRecord(
                         prompt_id=item.prompt_id, source=scored.policy, step=step, completion_text=text,
-                        reward=float(scored.verifier_rewards[row]),
+                        reward=verifier_all[row],
                         verifier=verifier.name, verifier_version=verifier.version,
                     ))
         return out
@@ -122,8 +166,8 @@ class SharedExperienceExchange(MRLCallback):
         local = {name: self.records_for(s, step, system.policies[name], system.verifier) for name, s in scored.items()}
         workers = getattr(trainer, "workers", None)
         records = workers.exchange(local) if workers is not None else [r for rs in local.values() for r in rs]
+        self.exchange.advance(step)  # stale records leave first, so the byte bound evicts only live ones
         self.exchange.publish(records)
-        self.exchange.advance(step)
 
     def on_train_step_end(self, trainer, system, metrics: dict) -> None:
         metrics.update(self.exchange.metrics())

@@ -1,4 +1,4 @@
-"""PeerRolloutPooling callback: PRP on top of GRPO (SPEC 3.2).
+"""PeerRolloutPooling callback: PRP on top of GRPO (docs/probes.md).
 
 Thin adapter over :mod:`mrl_lightning.probes.prp` and THL. For receiver i and each of its
 prompts x it takes up to M peer ``RolloutRecord`` s (source j != i) from SEE
@@ -59,7 +59,7 @@ from mrl_lightning.thl import residual_metrics, transfer_trace
 
 def own_unit_loss(token_losses: Tensor, mask: Tensor, loss_type: str, own_sequences: int, own_tokens: float,
                   max_completion_length: int) -> Tensor:
-    """Sum peer token losses, divided by the *own* batch's ``loss_type`` normalizer (SPEC 2).
+    """Sum peer token losses, divided by the *own* batch's ``loss_type`` normalizer (docs/grpo.md, docs/probes.md).
 
     Args:
         token_losses: ``[M, L]`` float, per-token peer losses (0 where masked).
@@ -115,7 +115,7 @@ class PeerRolloutPooling(MRLCallback):
         max_peers_per_prompt: M, peer rollouts pooled per prompt (newest step first,
             alternating between peers).
         is_mode: Importance-weight mode: ``"truncate"`` min(rho, c), ``"clip"`` to
-            [1/c, c], ``"none"`` (rho = 1) (SPEC 3.2).
+            [1/c, c], ``"none"`` (rho = 1) (docs/probes.md).
         is_level: ``"token"`` (one weight per token) or ``"sequence"`` (rho = product over
             the sequence's tokens).
         c: Cap of the weight, > 0 (> 1 for ``clip`` to differ from ``none``).
@@ -166,6 +166,11 @@ class PeerRolloutPooling(MRLCallback):
         self.lambda_prp, self.lambda_per_policy = lambda_prp, dict(lambda_per_policy or {})
         self.max_staleness, self.sources, self.receivers, self.eps = max_staleness, sources, receivers, eps
 
+    @property
+    def see_reads(self) -> dict[str, int | None]:
+        """Record type read from SEE -> how many steps back (checked by SharedExperienceExchange)."""
+        return {"rollout": self.max_staleness}
+
     def config_errors(self, trainer, system) -> list[str]:
         """Unknown policy names and a missing SEE callback."""
         errors = []
@@ -205,7 +210,7 @@ class PeerRolloutPooling(MRLCallback):
         return out
 
     def on_compose_batch(self, trainer, system, policy, batch) -> None:
-        """SPEC 1 step 5 for ``policy``: pool peers, replace own advantages, append the peer loss.
+        """Compose ``policy``'s batch (docs/loop.md): pool peers, replace own advantages, append the peer loss.
 
         Args:
             trainer: Gives ``exchange`` (SEE) and ``rollout_step``.

@@ -21,6 +21,7 @@ solved on-policy.
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 import torch
@@ -28,15 +29,42 @@ import torch
 from mrl_lightning.callbacks.base import MRLCallback
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.exchange import RolloutRecord, SuccessRecord
-from mrl_lightning.probes.sgt import pad_demos, rescue_set, sgt_loss
+from mrl_lightning.probes.sgt import (pad_demos, rescue_set, sgt_group_loss, sgt_loss,
+                                      transfer_group_advantages)
 from mrl_lightning.thl import residual_metrics, retokenize, transfer_trace
+
+
+TRANSFER_MODES = ("nll", "group")
+
+
+def pack_ids(ids) -> bytes:
+    """A set of prompt ids as ``zlib`` of their sorted, newline-joined text (weights-only loadable, exact).
+
+    Raises:
+        ValueError: an id holds a newline (it could not be told apart on unpacking).
+    """
+    ids = sorted(ids)
+    if any("\n" in i for i in ids):
+        raise ValueError(f"pack_ids: prompt id {next(i for i in ids if chr(10) in i)!r} holds a newline.")
+    return zlib.compress("\n".join(ids).encode("utf-8"), 9)
+
+
+def unpack_ids(packed) -> set[str]:
+    """Inverse of :func:`pack_ids`; a list of ids (the format before packing) is read as it is."""
+    if isinstance(packed, (bytes, bytearray)):
+        text = zlib.decompress(packed).decode("utf-8")
+        return set(text.split("\n")) if text else set()
+    return set(packed)
 
 
 class _SGTTransferLoss:
     name = "sgt"
 
-    def __init__(self, demos, lambda_sgt: float, advantage_plus: float, tag: str) -> None:
+    def __init__(self, demos, lambda_sgt: float, advantage_plus: float, tag: str, batch,
+                 max_grad_share: float | None = None) -> None:
         self.demos, self.lambda_sgt, self.advantage_plus, self.tag = demos, lambda_sgt, advantage_plus, tag
+        self.batch = batch  # its ``sgt_demos`` total: the demos of every rank of this policy
+        self.max_grad_share = max_grad_share  # read by policy_update (objectives/aux_share.py)
 
     def __call__(self, policy, model) -> tuple[torch.Tensor, dict[str, float]]:
         p_ids, p_mask, c_ids, c_mask = pad_demos(self.demos, policy.tokenizer.pad_token_id)
@@ -45,7 +73,33 @@ class _SGTTransferLoss:
                                              c_mask.to(device), model=model)
         c_mask = c_mask.to(device)
         nll = float((-(logp.detach() * c_mask).sum() / c_mask.sum().clamp(min=1)))
-        return sgt_loss(logp, c_mask, self.lambda_sgt, self.advantage_plus), {f"{self.tag}/nll_nats": nll}
+        loss = sgt_loss(logp, c_mask, self.lambda_sgt, self.advantage_plus,
+                        num_demos=self.batch.total("sgt_demos") or None)
+        return loss, {f"{self.tag}/nll_nats": nll}
+
+
+class _SGTGroupLoss:
+    """``transfer_mode: group``: the demos as extra GRPO samples (:func:`sgt_group_loss`)."""
+
+    name = "sgt"
+
+    def __init__(self, demos, advantages: torch.Tensor, lambda_sgt: float, tag: str, batch,
+                 max_grad_share: float | None = None) -> None:
+        self.demos, self.advantages, self.lambda_sgt, self.tag = demos, advantages, lambda_sgt, tag
+        self.batch = batch  # its normalizers: own samples + demos, summed over the policy's ranks
+        self.max_grad_share = max_grad_share
+
+    def __call__(self, policy, model) -> tuple[torch.Tensor, dict[str, float]]:
+        p_ids, p_mask, c_ids, c_mask = pad_demos(self.demos, policy.tokenizer.pad_token_id)
+        device = next(policy.model.parameters()).device
+        logp, _ = policy.completion_logprobs(p_ids.to(device), p_mask.to(device), c_ids.to(device),
+                                             c_mask.to(device), model=model)
+        c_mask = c_mask.to(device)
+        nll = float((-(logp.detach() * c_mask).sum() / c_mask.sum().clamp(min=1)))
+        loss = sgt_group_loss(logp, c_mask, self.advantages.to(device), self.lambda_sgt, policy.loss_type,
+                              num_sequences=self.batch.total("sequences"), num_tokens=self.batch.total("tokens"),
+                              max_completion_length=policy.max_completion_length)
+        return loss, {f"{self.tag}/nll_nats": nll}
 
 
 class SuccessGatedTransfer(MRLCallback):
@@ -61,6 +115,17 @@ class SuccessGatedTransfer(MRLCallback):
         max_staleness: Use peer successes at most this many rollout steps old (the
             bounded per-prompt memory); None = any still held by the exchange.
         receivers: Policies that receive transfers; None = all.
+        max_grad_share: Bound b in (0, 1) on the transfer term's share of the update,
+            ``||g_sgt|| / (||g_grpo|| + ||g_sgt||)`` (L2 norms of the two gradients before
+            clipping); a larger share is scaled down to b for that step
+            (:mod:`mrl_lightning.objectives.aux_share`). None = no bound. The share is logged
+            either way as ``probe/sgt/<policy>/grad_share``.
+        transfer_mode: ``"nll"``: the transfer term ``lambda * A_plus * mean NLL`` over the
+            step's demos (:func:`~mrl_lightning.probes.sgt.sgt_loss`). ``"group"``: each demo
+            joins its prompt's group as an extra sample with its verified reward; the group's
+            advantages are recomputed over own + demos and the demos are trained on like own
+            samples of the batch, weighted by lambda
+            (:func:`~mrl_lightning.probes.sgt.sgt_group_loss`; ``advantage_plus`` unused).
 
     Raises:
         ValueError: out-of-range values (all at once).
@@ -75,6 +140,8 @@ class SuccessGatedTransfer(MRLCallback):
         max_transfers_per_prompt: int = 1,
         max_staleness: int | None = None,
         receivers: list[str] | None = None,
+        max_grad_share: float | None = None,
+        transfer_mode: str = "nll",
     ) -> None:
         errors = []
         if lambda_sgt < 0 or any(v < 0 for v in (lambda_per_policy or {}).values()):
@@ -85,8 +152,14 @@ class SuccessGatedTransfer(MRLCallback):
             errors.append(f"SuccessGatedTransfer.max_transfers_per_prompt={max_transfers_per_prompt} must be >= 1.")
         if max_staleness is not None and max_staleness < 0:
             errors.append(f"SuccessGatedTransfer.max_staleness={max_staleness} must be >= 0 or null.")
+        if max_grad_share is not None and not 0.0 < max_grad_share < 1.0:
+            errors.append(f"SuccessGatedTransfer.max_grad_share={max_grad_share} must be in (0, 1) (a share of "
+                          "the update, e.g. 0.5) or null for no bound.")
+        if transfer_mode not in TRANSFER_MODES:
+            errors.append(f"SuccessGatedTransfer.transfer_mode={transfer_mode!r}; valid: {list(TRANSFER_MODES)}.")
         if errors:
             raise ConfigError("\n".join(errors))
+        self.max_grad_share, self.transfer_mode = max_grad_share, transfer_mode
         self.lambda_sgt, self.lambda_per_policy = lambda_sgt, dict(lambda_per_policy or {})
         self.advantage_plus, self.kappa = advantage_plus, kappa
         self.max_transfers_per_prompt, self.max_staleness = max_transfers_per_prompt, max_staleness
@@ -94,6 +167,11 @@ class SuccessGatedTransfer(MRLCallback):
         self.rescued: dict[str, set[str]] = {}
         self.seen_after_rescue: dict[str, set[str]] = {}
         self.solved_after_rescue: dict[str, set[str]] = {}
+
+    @property
+    def see_reads(self) -> dict[str, int | None]:
+        """Record type read from SEE -> how many steps back (checked by SharedExperienceExchange)."""
+        return {"success": self.max_staleness}
 
     def config_errors(self, trainer, system) -> list[str]:
         errors = []
@@ -125,12 +203,15 @@ class SuccessGatedTransfer(MRLCallback):
                                          prompt_ids=prompt_ids, max_staleness=self.max_staleness)
         peer: dict[str, list[str]] = {}
         source_of: dict[tuple[str, str], str] = {}
+        reward_of: dict[tuple[str, str], float] = {}
         for rec in reversed(records):  # newest first
             peer.setdefault(rec.prompt_id, []).append(rec.completion_text)
             source_of.setdefault((rec.prompt_id, rec.completion_text), rec.source)
+            reward_of.setdefault((rec.prompt_id, rec.completion_text), float(rec.reward))
         chosen = rescue_set(own, prompt_ids, peer, self.kappa, self.max_transfers_per_prompt)
         traces_by_key = self._source_traces(trainer, chosen, items, source_of)
         demos, traces, failures = [], [], 0
+        demo_rows: dict[int, list[float]] = {}  # row -> verified rewards of its demos, in demo order
         for b, texts in chosen.items():
             rescued.add(items[b].prompt_id)
             for text in texts:
@@ -147,17 +228,42 @@ class SuccessGatedTransfer(MRLCallback):
                     failures += 1
                     continue
                 demos.append((r.prompt_ids[-policy.max_prompt_length:], r.completion_ids))
+                demo_rows.setdefault(b, []).append(reward_of[(items[b].prompt_id, text)])
         if traces:
             batch.metrics.update(residual_metrics(traces, prefix=f"thl/sgt/{name}/"))
         weight = self.lambda_per_policy.get(name, self.lambda_sgt)
-        if demos and weight > 0:
-            batch.aux_losses.append(_SGTTransferLoss(demos, weight, self.advantage_plus, tag))
+        if demos and weight > 0 and self.transfer_mode == "group":
+            self._join_groups(policy, batch, demos, demo_rows, weight, tag)
+        elif demos and weight > 0:
+            batch.aux_losses.append(_SGTTransferLoss(demos, weight, self.advantage_plus, tag, batch,
+                                                     self.max_grad_share))
+        batch.counts["sgt_demos"] = float(len(demos) if weight > 0 else 0)
         batch.metrics.update({
             f"{tag}/rescue_set_size": float(len(chosen)), f"{tag}/transfers": float(len(demos)),
             f"{tag}/retokenize_failures": float(failures),
         })
         if seen:
             batch.metrics[f"{tag}/rescued_later_solved_share"] = len(solved & seen) / len(seen)
+
+    def _join_groups(self, policy, batch, demos, demo_rows: dict[int, list[float]], weight: float, tag: str) -> None:
+        """``transfer_mode: group``: the demos join their prompts' groups as extra samples.
+
+        The rescued rows' own advantages are replaced by those over the group of own + demos
+        (:func:`~mrl_lightning.probes.sgt.transfer_group_advantages`), and the demos' tokens and
+        sequences are added to the batch's loss normalizers (so the GRPO term and the transfer
+        term share one denominator, as samples of one batch do).
+        """
+        rows = list(demo_rows)
+        own, demo_adv = transfer_group_advantages(batch.scored.rewards[rows], [demo_rows[b] for b in rows],
+                                                  policy.scale_rewards)
+        advantages = batch.advantages.clone()
+        advantages[rows] = own.to(advantages.dtype)
+        batch.advantages = advantages
+        batch.counts["sequences"] = batch.counts.get("sequences", 0.0) + float(len(demos))
+        batch.counts["tokens"] = batch.counts.get("tokens", 0.0) + float(sum(len(c) for _, c in demos))
+        flat = torch.cat(demo_adv)
+        batch.aux_losses.append(_SGTGroupLoss(demos, flat, weight, tag, batch, self.max_grad_share))
+        batch.metrics[f"{tag}/transfer_advantage_mean"] = float(flat.mean())
 
     @staticmethod
     def _source_traces(trainer, chosen, items, source_of) -> dict[tuple[str, str, str], RolloutRecord]:
@@ -172,18 +278,20 @@ class SuccessGatedTransfer(MRLCallback):
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        """Per policy, sorted prompt ids: ``rescued``, ``seen_after_rescue``, ``solved_after_rescue``."""
-        return {"rescued": {k: sorted(v) for k, v in self.rescued.items()},
-                "seen_after_rescue": {k: sorted(v) for k, v in self.seen_after_rescue.items()},
-                "solved_after_rescue": {k: sorted(v) for k, v in self.solved_after_rescue.items()}}
+        """Per policy, the prompt ids of ``rescued``, ``seen_after_rescue``, ``solved_after_rescue``,
+        each set packed by :func:`pack_ids` (these sets grow to every prompt of a task: packed,
+        ~3.4 bytes an id in a checkpoint instead of ~18)."""
+        return {"rescued": {k: pack_ids(v) for k, v in self.rescued.items()},
+                "seen_after_rescue": {k: pack_ids(v) for k, v in self.seen_after_rescue.items()},
+                "solved_after_rescue": {k: pack_ids(v) for k, v in self.solved_after_rescue.items()}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s sets. A state without ``seen_after_rescue`` (written
         before it was kept) takes the solved prompts as the ones seen again: they were."""
-        self.rescued = {k: set(v) for k, v in state_dict["rescued"].items()}
-        self.solved_after_rescue = {k: set(v) for k, v in state_dict["solved_after_rescue"].items()}
+        self.rescued = {k: unpack_ids(v) for k, v in state_dict["rescued"].items()}
+        self.solved_after_rescue = {k: unpack_ids(v) for k, v in state_dict["solved_after_rescue"].items()}
         seen = state_dict.get("seen_after_rescue", state_dict["solved_after_rescue"])
-        self.seen_after_rescue = {k: set(v) for k, v in seen.items()}
+        self.seen_after_rescue = {k: unpack_ids(v) for k, v in seen.items()}
 
     def merge_rank_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
         """One state from this callback's :meth:`state_dict` on several worker processes.
@@ -197,7 +305,7 @@ class SuccessGatedTransfer(MRLCallback):
                 ``seen_after_rescue`` are read as :meth:`load_state_dict` reads them).
 
         Returns:
-            A state in :meth:`state_dict`'s format (sorted lists), for :meth:`load_state_dict`.
+            A state in :meth:`state_dict`'s format (packed sets), for :meth:`load_state_dict`.
 
         Raises:
             ValueError: ``states`` is empty, or one of them lacks ``rescued`` /
@@ -217,6 +325,6 @@ class SuccessGatedTransfer(MRLCallback):
                      "seen_after_rescue": state.get("seen_after_rescue", state["solved_after_rescue"])}
             for key, per_policy in parts.items():
                 for policy, prompts in per_policy.items():
-                    merged[key].setdefault(policy, set()).update(prompts)
-        return {key: {policy: sorted(prompts) for policy, prompts in per_policy.items()}
+                    merged[key].setdefault(policy, set()).update(unpack_ids(prompts))
+        return {key: {policy: pack_ids(prompts) for policy, prompts in per_policy.items()}
                 for key, per_policy in merged.items()}

@@ -1,4 +1,4 @@
-"""Prompt data from real math datasets: GSM8K, MATH500 and alike (SPEC 1 step 1, SPEC 8).
+"""Prompt data from real math datasets: GSM8K, MATH500 and alike (docs/answers.md).
 
 A *part* is one dataset read with Hugging Face ``datasets``: a local JSON / JSONL file
 (``load_dataset("json", data_files=...)``) or a hub dataset id with a config and split.
@@ -23,7 +23,9 @@ holds the data position. Differences from that module:
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import json
 import os
 import re
 import warnings
@@ -81,6 +83,33 @@ class MathPart:
     def local_path(self) -> Path:
         """``path`` with ``~`` expanded (relative paths stay relative to the working directory)."""
         return Path(self.path).expanduser()
+
+
+def json_file_problem(path: Path) -> str | None:
+    """The first line of a local JSON / JSONL file that is not valid, as a message; None if all are.
+
+    A ``.jsonl`` file must hold one JSON object per non-empty line; a ``.json`` file one
+    JSON document. Read only after ``datasets`` failed to load the file, to say where.
+    """
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as fh:
+        if ".jsonl" not in str(path):
+            try:
+                json.load(fh)
+            except json.JSONDecodeError as exc:
+                return f"file {str(path)!r} line {exc.lineno} column {exc.colno} is not valid JSON ({exc.msg})."
+            return None
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                return (f"file {str(path)!r} line {lineno} is not valid JSON ({exc.msg} at column {exc.colno}): "
+                        f"{line.strip()[:80]!r}.")
+            if not isinstance(row, dict):
+                return f"file {str(path)!r} line {lineno} is a JSON {type(row).__name__}, not an object: {line.strip()[:80]!r}."
+    return None
 
 
 def _part_errors(part: MathPart) -> list[str]:
@@ -144,7 +173,14 @@ class MathDataModule(PromptDataModule):
             raise ConfigError("MathDataModule needs the `datasets` package: "
                               "pip install 'mrl-lightning[math]'.") from exc
         if part.is_local:
-            return datasets.load_dataset("json", data_files={part.split: str(part.local_path)}, split=part.split)
+            try:
+                return datasets.load_dataset("json", data_files={part.split: str(part.local_path)}, split=part.split)
+            except Exception as exc:  # datasets says only "An error occurred while generating the dataset"
+                problem = json_file_problem(part.local_path)
+                if problem is None:
+                    raise
+                raise ConfigError(f"data.parts[{part.name}].path={part.path!r}: {problem} Fix or delete that line "
+                                  "(each line of a .jsonl file is one JSON object).") from exc
         try:
             return datasets.load_dataset(part.path, part.config_name, split=part.split)
         except Exception as exc:  # reported as a config error with its cause
@@ -210,6 +246,7 @@ class MathDataModule(PromptDataModule):
             train = [x for i, x in enumerate(items) if i not in held and x.question not in questions]
             eval_all[part.name], train_all[part.name] = evals, train
         self._eval, self._train = eval_all, train_all
+        self.check_prompt_ids()
 
     # ------------------------------------------------------------------ identity and resume
     def fingerprint(self) -> str:

@@ -1,10 +1,10 @@
-"""Prompt data from reasoning-gym procedural tasks (SPEC 1 step 1).
+"""Prompt data from reasoning-gym procedural tasks (docs/default.md).
 
 A *part* is one named slice of the task (e.g. addition vs subtraction) built from one
 reasoning-gym dataset with its own generator config. Each step yields ``batch_size``
 prompts drawn evenly (by ``weight``) from the parts. Prompt ids are stable strings
 ``"<part>/<index>"`` shared by every policy, so experience about one prompt can be
-matched across policies (SPEC 5). The data position is a counter per part plus an
+matched across policies (docs/see.md). The data position is a counter per part plus an
 epoch number; each epoch's order is a permutation seeded by (seed, part, epoch), so
 ``state_dict`` / ``load_state_dict`` resume the exact same stream.
 
@@ -114,6 +114,7 @@ class ReasoningGymDataModule(PromptDataModule):
                 raise ValueError(f"data.parts[{part.name}]: every training prompt is also an eval prompt; "
                                  "raise train_size or widen the generator config.")
             self._eval[part.name], self._train[part.name] = evals, train
+        self.check_prompt_ids()
 
     def fingerprint(self) -> str:
         """Short hash of everything that determines the generated prompts."""

@@ -1,4 +1,4 @@
-"""PromptDataModule: the prompt stream every data module shares (SPEC 1 step 1).
+"""PromptDataModule: the prompt stream every data module shares (docs/loop.md).
 
 Subclasses fill ``self._train`` and ``self._eval`` (part name -> PromptItems) in
 ``setup()``; this base turns them into the training stream. Each step yields
@@ -88,9 +88,43 @@ class PromptDataModule(pl.LightningDataModule):
             self._order_key[part] = (part, epoch)
         return self._order[part]
 
+    def check_prompt_ids(self) -> None:
+        """Refuse one prompt id naming two different prompts (subclasses call it at the end of ``setup``).
+
+        SEE records, probes and evaluation match experience across policies by prompt id,
+        so an id must name one prompt: a second item with the same id and another question
+        or answer (anywhere in the training or evaluation prompts) would let one prompt's
+        verified successes be trained on as another's. The same prompt listed twice under
+        one id is allowed (it is simply drawn more often).
+
+        Raises:
+            ConfigError: names the id, both prompts (part and question) and the fix.
+        """
+        from mrl_lightning.errors import ConfigError
+
+        self._ids_checked = True
+        seen: dict[str, PromptItem] = {}
+        clashes = []
+        for split in (self._train, self._eval):
+            for items in split.values():
+                for item in items:
+                    first = seen.setdefault(item.prompt_id, item)
+                    if first is not item and (first.question, first.answer) != (item.question, item.answer):
+                        clashes.append((item.prompt_id, first, item))
+        if clashes:
+            pid, a, b = clashes[0]
+            raise ConfigError(
+                f"data: prompt id {pid!r} names two different prompts: part {a.part!r} {a.question[:60]!r} "
+                f"(answer {a.answer!r}) and part {b.part!r} {b.question[:60]!r} (answer {b.answer!r}); "
+                f"{len(clashes)} such id(s) in all. Prompt ids must be unique per prompt (SEE and the probes "
+                f"match experience by id): make the data module build ids from a unique key, e.g. "
+                f"'<part>/<row index>'.")
+
     def next_batch(self) -> list[PromptItem]:
         """The next B prompts of the training stream (advances the data position)."""
         self.setup()
+        if not getattr(self, "_ids_checked", False):  # a subclass whose setup does not check
+            self.check_prompt_ids()
         out: list[PromptItem] = []
         positions = self._positions()
         for name, count in self._split().items():

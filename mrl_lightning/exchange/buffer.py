@@ -12,8 +12,10 @@ receiver's last poll). Rules:
   removed and the new one is added at the end of the publication order (so a repeated
   success lives on under staleness windows, and subscribers poll it again); one with an
   older step is dropped. Only the newest record per ``(prompt_id, source, text)`` is held.
-- Retention: at most ``capacity`` records (oldest evicted first) and, after
-  ``advance(step)``, only records with ``record.step >= step - max_staleness``.
+- Retention: at most ``capacity`` records and at most ``max_bytes`` estimated bytes
+  (:func:`~mrl_lightning.exchange.records.record_nbytes`), the oldest evicted first; after
+  ``advance(step)``, only records with ``record.step >= step - max_staleness`` (or the
+  window ``max_staleness_by_type`` gives the record's type).
 - Own records: a receiver never gets records it produced (``source == receiver``)
   unless ``include_own=True`` in ``query``.
 - Thread safety: one lock guards all state; any number of producer threads may publish.
@@ -34,6 +36,7 @@ from mrl_lightning.exchange.records import (
     Record,
     SuccessRecord,
     record_from_dict,
+    record_nbytes,
     record_to_dict,
 )
 
@@ -87,10 +90,17 @@ class ExperienceExchange:
         log_path: If set, every accepted record is appended to this log (see
             :mod:`mrl_lightning.exchange.log`; read it back with ``read_log``).
         log_format: ``"jsonl"`` (default) or ``"parquet"`` (needs ``pyarrow``).
+        max_bytes: Most estimated bytes held at once (:func:`record_nbytes`); the oldest
+            records are evicted first when a publish goes over. ``None`` = no byte bound.
+        max_staleness_by_type: Staleness windows for some record types, by type name
+            (``"rollout"``, ``"group_stats"``, ``"success"``), replacing ``max_staleness``
+            for those types, e.g. ``{"rollout": 0}`` keeps rollouts of the current step only
+            while successes stay as long as ``max_staleness`` and the bounds allow.
 
     Raises:
-        ValueError: ``capacity < 1``, ``max_staleness < 0`` or an unknown ``log_format``
-            (all problems reported at once).
+        ValueError: ``capacity < 1``, ``max_staleness < 0``, ``max_bytes < 1``, an unknown
+            type name or a negative window in ``max_staleness_by_type``, or an unknown
+            ``log_format`` (all problems reported at once).
         ImportError: ``log_format="parquet"`` without ``pyarrow``.
     """
 
@@ -100,8 +110,18 @@ class ExperienceExchange:
         max_staleness: int | None = None,
         log_path: str | None = None,
         log_format: str = "jsonl",
+        max_bytes: int | None = None,
+        max_staleness_by_type: dict[str, int] | None = None,
     ) -> None:
         problems = []
+        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1):
+            problems.append(f"max_bytes={max_bytes!r} must be None or an int >= 1 (bytes)")
+        for name, window in (max_staleness_by_type or {}).items():
+            if name not in RECORD_TYPES:
+                problems.append(f"max_staleness_by_type has unknown record type {name!r}; "
+                                f"valid: {sorted(RECORD_TYPES)}")
+            elif isinstance(window, bool) or not isinstance(window, int) or window < 0:
+                problems.append(f"max_staleness_by_type[{name!r}]={window!r} must be an int >= 0")
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             problems.append(f"capacity={capacity!r} must be an int >= 1")
         if max_staleness is not None and (
@@ -116,6 +136,8 @@ class ExperienceExchange:
             raise ValueError("ExperienceExchange: " + "; ".join(problems))
         self.capacity = capacity
         self.max_staleness = max_staleness
+        self.max_bytes = max_bytes
+        self.max_staleness_by_type = dict(max_staleness_by_type or {})
         self.log_path = log_path
         self.log_format = log_format
         self._log = RecordLogWriter(log_path, log_format) if log_path is not None else None
@@ -129,6 +151,8 @@ class ExperienceExchange:
         self._keys: dict[tuple, int] = {}  # record_key -> seq
         self._seq_keys: dict[int, tuple] = {}  # seq -> record_key (so eviction needs no rehash)
         self._success_keys: dict[tuple, int] = {}  # (prompt_id, source, text) -> seq
+        self._nbytes: dict[int, int] = {}  # seq -> estimated bytes
+        self._bytes_held = 0
         self._next_seq = 0
         self._current_step: int | None = None
         self._subscriptions: dict[str, list[str]] = {}
@@ -138,6 +162,7 @@ class ExperienceExchange:
             "duplicates_dropped": 0,
             "evicted_stale": 0,
             "evicted_capacity": 0,
+            "evicted_bytes": 0,
             "successes_refreshed": 0,
         }
         self._published_by_type: dict[str, int] = {name: 0 for name in RECORD_TYPES}
@@ -180,26 +205,43 @@ class ExperienceExchange:
                     self._counters["successes_refreshed"] += 1
                 seq = self._next_seq
                 self._next_seq += 1
-                self._records[seq] = rec
-                self._by_type[rec.record_type][seq] = rec
-                self._by_prompt.setdefault((rec.record_type, rec.prompt_id), {})[seq] = rec
-                self._keys[key] = seq
-                self._seq_keys[seq] = key
-                if skey is not None:
-                    self._success_keys[skey] = seq
+                self._hold(seq, rec, key)
                 self._counters["records_published"] += 1
                 self._published_by_type[rec.record_type] += 1
                 accepted.append(rec)
             if self._log is not None and accepted:
                 self._log.append(accepted, first_seq)
-            overflow = len(self._records) - self.capacity
-            if overflow > 0:
-                for seq in list(self._records)[:overflow]:
-                    self._evict(seq)
-                self._counters["evicted_capacity"] += overflow
+            self._enforce_bounds()
             return len(accepted)
 
+    def _hold(self, seq: int, rec: Record, key: tuple) -> None:
+        """Add ``rec`` under ``seq`` to the records and every index (caller holds the lock)."""
+        self._records[seq] = rec
+        self._by_type[rec.record_type][seq] = rec
+        self._by_prompt.setdefault((rec.record_type, rec.prompt_id), {})[seq] = rec
+        self._keys[key] = seq
+        self._seq_keys[seq] = key
+        if isinstance(rec, SuccessRecord):
+            self._success_keys[_success_key(rec)] = seq  # publication order: the newest is last
+        self._nbytes[seq] = size = record_nbytes(rec)
+        self._bytes_held += size
+
+    def _enforce_bounds(self) -> None:
+        """Evict the oldest records while over ``capacity`` or ``max_bytes`` (counted apart)."""
+        overflow = len(self._records) - self.capacity
+        if overflow > 0:
+            for seq in list(self._records)[:overflow]:
+                self._evict(seq)
+            self._counters["evicted_capacity"] += overflow
+        if self.max_bytes is not None and self._bytes_held > self.max_bytes:
+            for seq in list(self._records):  # oldest first; one pass, not a scan per eviction
+                if self._bytes_held <= self.max_bytes:
+                    break
+                self._evict(seq)
+                self._counters["evicted_bytes"] += 1
+
     def _evict(self, seq: int) -> None:
+        self._bytes_held -= self._nbytes.pop(seq)
         rec = self._records.pop(seq)
         del self._by_type[rec.record_type][seq]
         bucket = self._by_prompt[(rec.record_type, rec.prompt_id)]
@@ -217,14 +259,16 @@ class ExperienceExchange:
             step: The current ``rollout_step``.
 
         Returns:
-            How many records were evicted (0 when ``max_staleness`` is None).
+            How many records were evicted (0 when no staleness window is set).
         """
         with self._lock:
             self._current_step = int(step)
-            if self.max_staleness is None:
+            windows = {name: self.max_staleness_by_type.get(name, self.max_staleness) for name in RECORD_TYPES}
+            if all(w is None for w in windows.values()):
                 return 0
-            oldest = step - self.max_staleness
-            stale = [seq for seq, rec in self._records.items() if rec.step < oldest]
+            oldest = {name: None if w is None else step - w for name, w in windows.items()}
+            stale = [seq for seq, rec in self._records.items()
+                     if oldest[rec.record_type] is not None and rec.step < oldest[rec.record_type]]
             for seq in stale:
                 self._evict(seq)
             self._counters["evicted_stale"] += len(stale)
@@ -331,8 +375,10 @@ class ExperienceExchange:
         """Counters under ``exchange/``: cumulative counts and what is held now.
 
         Keys: ``exchange/records_published``, ``exchange/records_held``,
+        ``exchange/bytes_held`` (estimated memory of the held records, :func:`record_nbytes`),
         ``exchange/duplicates_dropped``, ``exchange/evicted_stale``,
-        ``exchange/evicted_capacity``, ``exchange/successes_refreshed`` (held successes
+        ``exchange/evicted_capacity``, ``exchange/evicted_bytes`` (records evicted by
+        ``max_bytes``), ``exchange/successes_refreshed`` (held successes
         replaced by the same success at the same or a newer step), ``exchange/subscribers``
         and, per record type ``T`` in (rollout, group_stats, success),
         ``exchange/T_published`` and ``exchange/T_held``.
@@ -340,6 +386,7 @@ class ExperienceExchange:
         with self._lock:
             out = {f"exchange/{k}": float(v) for k, v in self._counters.items()}
             out["exchange/records_held"] = float(len(self._records))
+            out["exchange/bytes_held"] = float(self._bytes_held)
             out["exchange/subscribers"] = float(len(self._subscriptions))
             for name in RECORD_TYPES:
                 out[f"exchange/{name}_published"] = float(self._published_by_type[name])
@@ -365,9 +412,12 @@ class ExperienceExchange:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace this exchange's contents with ``state`` (from :meth:`state_dict`).
 
-        Config (capacity, staleness, log) stays as given to ``__init__``; if the state
-        holds more records than ``capacity`` the oldest are evicted (and counted). Loading
-        writes nothing to the log.
+        Config (capacity, byte bound, staleness, log) stays as given to ``__init__``; if the
+        state holds more records than ``capacity`` or more bytes than ``max_bytes`` the
+        oldest are evicted (and counted). Loading writes nothing to the log, but a JSONL log
+        that already holds records published after this state (a run killed after its last
+        checkpoint, resumed into the same log file) has them cut off before the next append,
+        so the log stays the history of the records this exchange accepted.
 
         Raises:
             ValueError: ``state`` has an unknown ``version`` or holds an invalid record.
@@ -382,23 +432,13 @@ class ExperienceExchange:
             self._reset()
             for seq, data in state["records"]:
                 rec = record_from_dict(data)
-                seq = int(seq)
-                self._records[seq] = rec
-                self._by_type[rec.record_type][seq] = rec
-                self._by_prompt.setdefault((rec.record_type, rec.prompt_id), {})[seq] = rec
-                key = record_key(rec)
-                self._keys[key] = seq
-                self._seq_keys[seq] = key
-                if isinstance(rec, SuccessRecord):
-                    self._success_keys[_success_key(rec)] = seq  # publication order: the newest is last
+                self._hold(int(seq), rec, record_key(rec))
             self._next_seq = int(state["next_seq"])
             self._current_step = state["current_step"]
             self._counters.update({k: int(v) for k, v in state["counters"].items()})
             self._published_by_type.update({k: int(v) for k, v in state["published_by_type"].items()})
             self._subscriptions = {k: list(v) for k, v in state["subscriptions"].items()}
             self._cursors = {k: int(v) for k, v in state["cursors"].items()}
-            overflow = len(self._records) - self.capacity
-            if overflow > 0:
-                for seq in list(self._records)[:overflow]:
-                    self._evict(seq)
-                self._counters["evicted_capacity"] += overflow
+            self._enforce_bounds()
+            if self._log is not None and self._current_step is not None:
+                self._log.rollback(self._current_step)

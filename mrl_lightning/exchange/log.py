@@ -1,19 +1,23 @@
-"""Append-only on-disk log of SEE records, for audit and replay (SPEC 5).
+"""Append-only on-disk log of SEE records, for audit and replay (docs/see.md).
 
 Two formats:
 
 - ``"jsonl"``: one file, one record per line (:func:`~mrl_lightning.exchange.records.record_to_dict`
   as JSON). Each publish writes whole lines in one ``write`` call and flushes, so a crash
   can only leave the *last* line torn; earlier lines stay intact. A torn tail is dropped
-  by :func:`read_log` and cut off before the next append (it never held a complete record).
+  by :func:`read_log` (with a warning) and cut off before the next append (it never held a
+  complete record).
 - ``"parquet"``: a directory of ``part-NNNNNNNNNNNN.parquet`` files, one per publish call,
   each a table with columns ``record_type``, ``schema_version``, ``source``, ``prompt_id``,
   ``step`` and ``payload`` (the record's JSON). Needs ``pyarrow``.
 
-The log records what was accepted by the exchange in publication order. After a resume
-from a checkpoint, records published between that checkpoint and the crash appear in the
-log although the resumed exchange does not hold them; the log is an audit trail, not the
-exchange state (that is ``ExperienceExchange.state_dict``).
+The log records what was accepted by the exchange in publication order. A run resumed from
+a checkpoint into the *same* log file (an absolute ``log_path``) first cuts off the records
+published after that checkpoint by the run that stopped (:meth:`RecordLogWriter.rollback`,
+called by ``ExperienceExchange.load_state_dict``): the resumed run publishes them again,
+so the file ends up equal to the log of a run that never stopped. A relative ``log_path``
+lives in the run folder, and a resumed run writes a new folder: each folder's log then
+holds what that run accepted, from its start step to where it stopped.
 """
 
 from __future__ import annotations
@@ -76,6 +80,24 @@ class RecordLogWriter:
             os.makedirs(parent, exist_ok=True)
         else:
             os.makedirs(self.path, exist_ok=True)
+
+    def rollback(self, step: int) -> int:
+        """Cut off every record with ``record.step > step`` (and a torn tail): a resume point.
+
+        Records are appended in publication order with non-decreasing steps, so the cut is
+        a suffix of the log. JSONL: the file is truncated after the last line of a step
+        <= ``step``. Parquet: the parts holding later steps are removed.
+
+        Args:
+            step: The ``rollout_step`` of the checkpoint the exchange was restored from.
+
+        Returns:
+            How many records were cut off (a torn tail not counted).
+        """
+        if self.log_format == "jsonl":
+            self._checked_tail = True
+            return _cut_after_step(self.path, step)
+        return _remove_parts_after_step(self.path, step)
 
     def append(self, records: Sequence[Record], first_seq: int) -> None:
         """Append ``records`` (already accepted, in publication order).
@@ -143,6 +165,67 @@ def _cut_torn_tail(path: str) -> None:
         fh.truncate(keep)
 
 
+def _lines_last_first(fh, end: int, block: int):
+    """``(offset, line)`` of every line of ``fh[:end]`` (no newline at ``end``), the last first."""
+    pos, rest = end, b""
+    while pos > 0:
+        start = max(0, pos - block)
+        fh.seek(start)
+        parts = (fh.read(pos - start) + rest).split(b"\n")
+        pos = start
+        rest = parts.pop(0) if start > 0 else b""  # may begin before this block
+        offset = start + len(rest) + (1 if start > 0 else 0)
+        offsets = []
+        for part in parts:
+            offsets.append(offset)
+            offset += len(part) + 1
+        yield from zip(reversed(offsets), reversed(parts))
+    if rest:
+        yield 0, rest
+
+
+def _cut_after_step(path: str, step: int, block: int = 1 << 20) -> int:
+    """Truncate a JSONL log after its last line whose record has ``step <= step``.
+
+    Reads backwards in blocks of ``block`` bytes, so only the cut suffix is parsed.
+
+    Returns:
+        The number of (complete) lines cut off.
+    """
+    if not os.path.exists(path):
+        return 0
+    _cut_torn_tail(path)
+    size = os.path.getsize(path)
+    cut, keep = 0, 0
+    with open(path, "rb+") as fh:
+        for offset, line in _lines_last_first(fh, max(size - 1, 0), block):
+            if line.strip() and json.loads(line).get("step", 0) <= step:
+                keep = offset + len(line) + 1
+                break
+            cut += line.strip() != b""
+        if keep < size:
+            fh.truncate(keep)
+    return cut
+
+
+def _remove_parts_after_step(path: str, step: int) -> int:
+    """Remove the Parquet parts (newest first) whose records have ``step > step``."""
+    _require_pyarrow()
+    import pyarrow.parquet as pq
+
+    removed = 0
+    for name in sorted(os.listdir(path), reverse=True):
+        if not (name.startswith("part-") and name.endswith(".parquet")):
+            continue
+        part = os.path.join(path, name)
+        steps = pq.read_table(part, columns=["step"]).column("step").to_pylist()
+        if steps and max(steps) <= step:
+            break
+        removed += len(steps)
+        os.remove(part)
+    return removed
+
+
 def read_log(path: str, log_format: str | None = None) -> list[Record]:
     """Read every record of an exchange log back, in the order it was written.
 
@@ -153,7 +236,7 @@ def read_log(path: str, log_format: str | None = None) -> list[Record]:
 
     Returns:
         The records, in publication order. A torn final JSONL line (a write cut by a
-        crash; it has no trailing newline) is skipped.
+        crash; it has no trailing newline) is skipped with a warning naming the file.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -172,6 +255,9 @@ def read_log(path: str, log_format: str | None = None) -> list[Record]:
     with open(path, encoding="utf-8") as fh:
         lines = fh.read().split("\n")
     # After split, the last element is "" when the file ends with a newline, else a torn line.
+    if lines[-1]:
+        warnings.warn(f"exchange log {path!r} ends in a torn line (line {len(lines)}, {len(lines[-1])} characters, "
+                      "from a write cut by a crash); it is skipped: it never held a complete record.", stacklevel=2)
     for lineno, line in enumerate(lines[:-1], start=1):
         if not line.strip():
             continue

@@ -43,7 +43,7 @@ def combine_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
     """Merge step metrics from several ranks into one dict.
 
     A tag reported by one rank is taken as is. A tag reported by several (a policy on a
-    group of ranks): ``*_max`` -> max; counts and loss shares (:data:`SUMMED`) -> sum;
+    group of ranks): ``*_max`` -> max, ``*_min`` -> min; counts and loss shares (:data:`SUMMED`) -> sum;
     ``exchange/`` (the same on every rank) -> rank order's first; anything else -> mean.
     """
     values: dict[str, list[float]] = {}
@@ -57,6 +57,8 @@ def combine_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
             out[key] = vals[0]
         elif last.endswith("_max") or last.startswith("peak_memory"):
             out[key] = max(vals)
+        elif last.endswith("_min"):
+            out[key] = min(vals)
         elif last in SUMMED:
             out[key] = sum(vals)
         else:

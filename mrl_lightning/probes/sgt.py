@@ -1,4 +1,4 @@
-"""SGT, Success-Gated Transfer, as pure functions (SPEC 3.4).
+"""SGT, Success-Gated Transfer, as pure functions (docs/probes.md).
 
 Rescue set of receiver i: prompts where i's own group success rate <= kappa and some
 peer has a verified SuccessRecord for the same prompt. For each rescue prompt up to m
@@ -29,7 +29,7 @@ def rescue_set(
     kappa: float = 0.0,
     max_per_prompt: int = 1,
 ) -> dict[int, list[str]]:
-    """Which prompts get which peer successes (SPEC 3.4).
+    """Which prompts get which peer successes (docs/probes.md).
 
     Args:
         own_success: ``[B, G]`` bool, the receiver's own successes.
@@ -64,14 +64,17 @@ def rescue_set(
     return out
 
 
-def sgt_loss(logp: Tensor, completion_mask: Tensor, lambda_sgt: float, advantage_plus: float = 1.0) -> Tensor:
-    """``lambda * A_plus * mean over demos of the per-demo mean token NLL`` (SPEC 3.4).
+def sgt_loss(logp: Tensor, completion_mask: Tensor, lambda_sgt: float, advantage_plus: float = 1.0,
+             num_demos: float | None = None) -> Tensor:
+    """``lambda * A_plus * mean over demos of the per-demo mean token NLL`` (docs/probes.md).
 
     Args:
         logp: ``[M, L]`` float32 nats, receiver log-probs of the retokenized demos.
         completion_mask: ``[M, L]`` bool, True = a demo token (EOS included).
         lambda_sgt: Transfer weight lambda.
         advantage_plus: A_plus, the positive advantage given to a verified success.
+        num_demos: The mean's denominator; None = M. With data-parallel ranks it is the
+            demos of the whole group, so the ranks' losses add up to the one-rank loss.
 
     Returns:
         Scalar loss (0 when M == 0).
@@ -80,7 +83,7 @@ def sgt_loss(logp: Tensor, completion_mask: Tensor, lambda_sgt: float, advantage
         return logp.sum() * 0.0
     mask = completion_mask.to(logp.dtype)
     per_demo = -(logp * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
-    return lambda_sgt * advantage_plus * per_demo.mean()
+    return lambda_sgt * advantage_plus * per_demo.sum() / (num_demos if num_demos else per_demo.numel())
 
 
 def pad_demos(demos: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[Tensor, ...]:
@@ -99,3 +102,79 @@ def pad_demos(demos: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[Te
         c_ids[i, : len(c)] = torch.tensor(c, dtype=torch.long)
         c_mask[i, : len(c)] = True
     return p_ids, p_mask, c_ids, c_mask
+
+
+def transfer_group_advantages(own_rewards: Tensor, demo_rewards: Sequence[Sequence[float]],
+                              scale_rewards: str = "group", eps: float = 1e-4) -> tuple[Tensor, list[Tensor]]:
+    """Advantages when transferred successes join the receiver's group as extra samples.
+
+    ``transfer_mode: group`` (docs/probes.md): for each rescued prompt the receiver's own G
+    rewards and its m transferred successes' verified rewards form one group of G + m, and
+    GRPO's group advantages (:func:`mrl_lightning.objectives.grpo.group_advantages`, Bessel
+    std, eps 1e-4) are computed over it. An all-fail group of 8 with one success of reward 1
+    gives the success (1 - 1/9) / (1/3 + eps) = 2.666 and each own failure -0.333.
+    ``scale_rewards: batch`` is taken per group here (the transfer changes one group only).
+
+    Args:
+        own_rewards: ``[R, G]`` float32, the receiver's rewards on the R rescued prompts (NaN allowed).
+        demo_rewards: R lists of the transferred successes' verified rewards (m_r >= 1 each).
+        scale_rewards: "group", "batch" (as "group") or "none".
+        eps: Added to the std.
+
+    Returns:
+        ``(own [R, G] float32, [demo advantages [m_r] float32 per prompt])``.
+
+    Raises:
+        ValueError: ``len(demo_rewards) != R``, a prompt without demos, or an unknown ``scale_rewards``.
+    """
+    from mrl_lightning.objectives.grpo import group_advantages
+
+    if own_rewards.dim() != 2 or own_rewards.shape[0] != len(demo_rewards):
+        raise ValueError(f"own_rewards must be [R, G] with R = len(demo_rewards) = {len(demo_rewards)}; "
+                         f"got {tuple(own_rewards.shape)}.")
+    if any(len(d) == 0 for d in demo_rewards):
+        raise ValueError("every rescued prompt needs at least one transferred success (demo_rewards has an empty list).")
+    scale = "group" if scale_rewards == "batch" else scale_rewards
+    own_out, demo_out = torch.zeros_like(own_rewards), []
+    g = own_rewards.shape[1]
+    for r, demos in enumerate(demo_rewards):
+        row = torch.cat([own_rewards[r], torch.tensor(list(demos), dtype=own_rewards.dtype)]).unsqueeze(0)
+        adv = group_advantages(row, scale, eps=eps)[0]
+        own_out[r] = adv[:g]
+        demo_out.append(adv[g:])
+    return own_out, demo_out
+
+
+def sgt_group_loss(logp: Tensor, completion_mask: Tensor, advantages: Tensor, lambda_sgt: float, loss_type: str,
+                   num_sequences: float, num_tokens: float, max_completion_length: int | None = None) -> Tensor:
+    """Transferred successes as extra GRPO samples: ``lambda * agg(-A_d * log p)`` (docs/probes.md).
+
+    The surrogate of a sample at ratio 1 (the text was not sampled by the receiver, so there
+    is no ratio to clip): per token ``-A_d * log pi_theta(y_t)``, aggregated with the
+    receiver's ``loss_type`` and the *batch's* normalizers (own samples plus transfers), so
+    with ``lambda_sgt`` 1 a transfer weighs exactly what an own sample of the same
+    advantage weighs.
+
+    Args:
+        logp: ``[M, L]`` float32 nats, receiver log-probs of the retokenized demos.
+        completion_mask: ``[M, L]`` bool, True = a demo token (EOS included).
+        advantages: ``[M]`` float32, from :func:`transfer_group_advantages`.
+        lambda_sgt: Weight of the transfer samples (1 = an own sample's weight).
+        loss_type: The receiver's ``loss_type``.
+        num_sequences: Sequences of the batch, transfers included (grpo, dr_grpo).
+        num_tokens: Counted tokens of the batch, transfers included (bnpo, dapo).
+        max_completion_length: dr_grpo's length normalizer.
+
+    Returns:
+        Scalar loss (0 when M == 0).
+
+    Raises:
+        ValueError: unknown ``loss_type``.
+    """
+    from mrl_lightning.objectives.grpo import aggregate_loss
+
+    if logp.numel() == 0:
+        return logp.sum() * 0.0
+    per_token = -advantages.to(logp.dtype).unsqueeze(1) * logp
+    return lambda_sgt * aggregate_loss(per_token, completion_mask, loss_type, max_completion_length,
+                                       num_sequences=int(num_sequences), num_tokens=num_tokens)

@@ -9,7 +9,11 @@ one part of the task and unable to do the other. This recipe:
 3. warm-starts it by supervised training on ``warm_start_part`` only, with the
    policy's own prompt template and completions retokenized exactly as the policy would
    receive a peer's text (THL ``retokenize``), until greedy accuracy on that part's
-   held-out prompts reaches ``warm_start_target`` or ``warm_start_steps`` run out; a
+   *validation* prompts reaches ``warm_start_target`` or ``warm_start_steps`` run out
+   (:func:`warm_start_split`: ``warm_start_val_size`` training prompts per part, set apart
+   before the warm-start, never trained on by it and never an evaluation question; the
+   held-out evaluation prompts are never looked at, so the step-0 evaluation is not
+   selected on); a
    warm-start that ends below its target says so in a ``warning:`` line naming the policy,
    the reached accuracy and the target, and records ``target_reached: false`` with the
    same line in ``warm_start.json`` (the line is printed again on every cache hit),
@@ -95,6 +99,48 @@ def warm_start_shortfall(
             "warm_start_steps (or lower warm_start_target) for a stronger start.")
 
 
+def warm_start_split(datamodule, part: str, size: int, seed: int) -> tuple[list, dict[str, list]]:
+    """The warm-start's own validation prompts, and the prompts it may train on.
+
+    For every data part, ``min(size, n // 2)`` of its n training prompts are drawn (seeded by
+    ``seed`` and the part's name, so the split is the same on every run and machine) as that
+    part's validation prompts, leaving out any whose question is also a held-out evaluation
+    question. The supervised prompts are ``part``'s training prompts whose question is none
+    of the validation questions (of any part) nor an evaluation question. The warm-start
+    selects (stops) on the validation prompts only: the held-out evaluation prompts stay
+    unseen, so the first evaluation of a run is not biased upwards by the selection.
+
+    Args:
+        datamodule: A prompt data module (``parts``, ``train_items(part)``, ``eval_items()``).
+        part: ``warm_start_part``, the part trained on.
+        size: ``warm_start_val_size``, validation prompts per part (>= 1).
+        seed: The recipe's seed.
+
+    Returns:
+        ``(sft_items, validation)``: the prompts of ``part`` to train on, and part name ->
+        validation prompts.
+
+    Raises:
+        ValueError: ``part`` is not a data part, or no prompt of ``part`` is left to train on.
+    """
+    parts = [p.name for p in datamodule.parts]
+    if part not in parts:
+        raise ValueError(f"TinyCausalLM.warm_start_part={part!r} is not a data part; valid: {parts}.")
+    held = {x.question for items in datamodule.eval_items().values() for x in items}
+    validation = {}
+    for name in parts:
+        pool = [x for x in datamodule.train_items(name) if x.question not in held]
+        validation[name] = random.Random(f"{seed}/warm-start-validation/{name}").sample(
+            pool, min(size, len(pool) // 2))
+    seen = held | {x.question for items in validation.values() for x in items}
+    sft = [x for x in datamodule.train_items(part) if x.question not in seen]
+    if not sft:
+        raise ValueError(f"TinyCausalLM: no training prompt of part {part!r} is left for the warm-start once "
+                         f"warm_start_val_size={size} validation prompts per part are set apart; lower "
+                         "warm_start_val_size or raise data.train_size.")
+    return sft, validation
+
+
 class TinyCausalLM:
     """Recipe for a tiny, optionally warm-started causal LM.
 
@@ -107,8 +153,11 @@ class TinyCausalLM:
         num_heads: Attention heads.
         warm_start_part: Task part to warm-start on; None = random init.
         warm_start_steps: Maximum supervised steps.
-        warm_start_target: Stop early at this greedy accuracy on the part's eval prompts; a
+        warm_start_target: Stop early at this greedy accuracy on the part's validation
+            prompts (:func:`warm_start_split`, never the held-out evaluation prompts); a
             warm-start that ends below it prints a warning line (see :func:`warm_start_shortfall`).
+        warm_start_val_size: Validation prompts per part, set apart from the training prompts
+            before the warm-start and never trained on by it (:func:`warm_start_split`).
         warm_start_batch_size: Examples per supervised step.
         warm_start_lr: AdamW learning rate of the warm-start.
         eval_every: Supervised steps between accuracy checks.
@@ -130,6 +179,7 @@ class TinyCausalLM:
         warm_start_part: str | None = None,
         warm_start_steps: int = 2000,
         warm_start_target: float = 0.9,
+        warm_start_val_size: int = 100,
         warm_start_batch_size: int = 64,
         warm_start_lr: float = 1e-3,
         eval_every: int = 100,
@@ -144,7 +194,8 @@ class TinyCausalLM:
         if tokenizer_kind not in TOKENIZER_KINDS:
             errors.append(f"TinyCausalLM.tokenizer_kind={tokenizer_kind!r}; valid: {list(TOKENIZER_KINDS)}.")
         for key, value in (("hidden_size", hidden_size), ("num_layers", num_layers), ("num_heads", num_heads),
-                           ("warm_start_batch_size", warm_start_batch_size), ("eval_every", eval_every)):
+                           ("warm_start_batch_size", warm_start_batch_size), ("eval_every", eval_every),
+                           ("warm_start_val_size", warm_start_val_size)):
             if value < 1:
                 errors.append(f"TinyCausalLM.{key}={value} must be >= 1.")
         if num_heads >= 1 and hidden_size % num_heads:
@@ -155,6 +206,7 @@ class TinyCausalLM:
         self.hidden_size, self.num_layers, self.num_heads = hidden_size, num_layers, num_heads
         self.warm_start_part, self.warm_start_steps = warm_start_part, warm_start_steps
         self.warm_start_target, self.warm_start_batch_size = warm_start_target, warm_start_batch_size
+        self.warm_start_val_size = warm_start_val_size
         self.warm_start_lr, self.eval_every, self.seed = warm_start_lr, eval_every, seed
         self.cache_dir = cache_dir
 
@@ -168,7 +220,8 @@ class TinyCausalLM:
         payload = json.dumps(
             {"recipe": self._args(), "prompt": policy.prompt_template, "completion": policy.completion_template,
              "data": datamodule.fingerprint() if datamodule is not None else None,
-             "transformers": transformers.__version__, "torch": torch.__version__, "v": 1},
+             "transformers": transformers.__version__, "torch": torch.__version__,
+             "v": 2},  # 2: selects on its own validation split, not on the evaluation prompts
             sort_keys=True,
         )
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
@@ -261,8 +314,7 @@ class TinyCausalLM:
         policy_tok, policy.tokenizer = policy.tokenizer, tokenizer
         try:
             rng = random.Random(self.seed)
-            items = datamodule.train_items(part)
-            evals = datamodule.eval_items()
+            items, evals = warm_start_split(datamodule, part, self.warm_start_val_size, self.seed)
             opt = torch.optim.AdamW(model.parameters(), lr=self.warm_start_lr)
             start, acc, step = time.perf_counter(), {}, 0
             model.train()
@@ -277,13 +329,15 @@ class TinyCausalLM:
                 if step % self.eval_every == 0 or step >= self.warm_start_steps:
                     acc = {name: greedy_accuracy(policy, model, its) for name, its in evals.items()}
                     log(f"[{policy.policy_name}] warm-start step {step}: loss {loss.item():.3f} "
-                        f"greedy accuracy {acc} ({time.perf_counter() - start:.0f} s)")
+                        f"greedy accuracy on validation prompts {acc} ({time.perf_counter() - start:.0f} s)")
                     if acc[part] >= self.warm_start_target or step >= self.warm_start_steps:
                         break
             warning = warm_start_shortfall(policy.policy_name, part, acc, self.warm_start_target, step)
             if warning:
                 log(warning)
             return {"steps": step, "accuracy": acc, "seconds": time.perf_counter() - start,
+                    "selected_on": "validation", "validation_size": {k: len(v) for k, v in evals.items()},
+                    "sft_prompts": len(items),
                     "target": self.warm_start_target, "target_reached": warning is None, "warning": warning}
         finally:
             policy.tokenizer = policy_tok

@@ -1,8 +1,11 @@
-"""Retokenize a peer's completion into a target tokenizer's own tokens (SPEC 4, issue 3 item 2).
+"""Retokenize a peer's completion into a target tokenizer's own tokens (docs/thl.md).
 
 The receiver's training sequence is ``prompt_ids + completion_ids``:
 
-- ``prompt_ids`` is exactly ``tokenizer(prompt_text)["input_ids"]`` (BOS and all).
+- ``prompt_ids`` is ``tokenizer(prompt_text)["input_ids"]`` (BOS and all), except that a
+  prompt text that already starts with the BOS token (a chat template that writes
+  ``{{ bos_token }}``) keeps one BOS, not the two a plain encode gives
+  (:func:`encode_prompt_text`): the ids a chat policy's own rollouts start with.
 - ``completion_ids`` is the target tokenizer's encoding of the completion text *alone*,
   so no merge crosses the prompt/completion boundary, with three departures from
   ``tokenizer(completion_text)``:
@@ -59,7 +62,8 @@ class Retokenized:
     """A prompt and completion in one tokenizer's ids.
 
     Attributes:
-        prompt_ids: ``[P]`` ids, exactly ``tokenizer(prompt_text)["input_ids"]``.
+        prompt_ids: ``[P]`` ids of the prompt (:func:`encode_prompt_text`: the plain
+            encoding, with one BOS where the text brings its own).
         completion_ids: ``[L]`` ids covering exactly the completion's characters, plus
             the EOS id at the end iff ``add_eos``.
         completion_offsets: ``[L]`` (start, end) character offsets into the completion
@@ -246,8 +250,29 @@ def encode_completion(tokenizer: Any, completion_text: str) -> Retokenized:
     return Retokenized([], ids, offsets, tail, exact, fallback)
 
 
+def encode_prompt_text(tokenizer: Any, prompt_text: str) -> list[int]:
+    """``tokenizer(prompt_text)["input_ids"]`` with at most one leading BOS.
+
+    A rendered chat prompt may begin with the BOS token's text (templates that write
+    ``{{ bos_token }}``); a tokenizer that also adds BOS then encodes two. The extra one is
+    dropped, so the ids equal :func:`mrl_lightning.chat.encode_rendered`'s (untruncated) for
+    a chat prompt and the plain encoding for any other prompt.
+
+    Args:
+        prompt_text: A rendered prompt.
+
+    Returns:
+        ``[P]`` token ids.
+    """
+    ids = list(tokenizer(prompt_text)["input_ids"])
+    bos, bos_text = getattr(tokenizer, "bos_token_id", None), getattr(tokenizer, "bos_token", None)
+    if bos is not None and bos_text and ids[:2] == [bos, bos] and prompt_text.startswith(bos_text):
+        ids = ids[1:]
+    return ids
+
+
 def retokenize(tokenizer: Any, prompt_text: str, completion_text: str, add_eos: bool = False) -> Retokenized:
-    """The target tokenizer's own ids for a prompt and a (peer's) completion (SPEC 4).
+    """The target tokenizer's own ids for a prompt and a (peer's) completion (docs/thl.md).
 
     Args:
         tokenizer: Target Hugging Face fast tokenizer.
@@ -272,7 +297,7 @@ def retokenize(tokenizer: Any, prompt_text: str, completion_text: str, add_eos: 
     if prompt_ids is None:
         if len(cache) >= _PROMPT_CACHE_SIZE:
             cache.clear()
-        prompt_ids = cache[prompt_text] = list(tokenizer(prompt_text)["input_ids"])
+        prompt_ids = cache[prompt_text] = encode_prompt_text(tokenizer, prompt_text)
     out.prompt_ids = list(prompt_ids)
     if add_eos:
         eos = getattr(tokenizer, "eos_token_id", None)
@@ -288,7 +313,7 @@ def retokenize(tokenizer: Any, prompt_text: str, completion_text: str, add_eos: 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
     """Short stable hash of a tokenizer's vocabulary, merges, normalizer, pre-tokenizer,
-    decoder and added tokens (``RolloutRecord.tokenizer_fingerprint``, SPEC 5).
+    decoder and added tokens (``RolloutRecord.tokenizer_fingerprint``, docs/see.md).
 
     Two tokenizers with the same fingerprint segment and decode every text alike.
 

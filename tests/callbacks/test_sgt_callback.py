@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mrl_lightning.batch import TrainBatch
-from mrl_lightning.callbacks.sgt import SuccessGatedTransfer
+from mrl_lightning.callbacks.sgt import SuccessGatedTransfer, pack_ids, unpack_ids
 from mrl_lightning.data.items import PromptItem
 from mrl_lightning.exchange import SuccessRecord
 from mrl_lightning.exchange.buffer import ExperienceExchange
@@ -55,7 +55,7 @@ def test_success_repeated_at_step_20_is_transferred_with_a_5_step_window(tokeniz
 
 
 def test_success_repeated_at_step_20_is_transferred_under_the_exchange_window_of_2(tokenizer):
-    # The loop publishes step 20's records, then advances the exchange (max_staleness 2).
+    # Step 20's success refreshes the step-1 one (the loop advances first; either order keeps it).
     exchange = ExperienceExchange(max_staleness=2)
     exchange.publish([_success("add/7", 1)])
     exchange.publish([_success("add/7", 20)])
@@ -81,8 +81,29 @@ def test_later_solved_share_counts_only_rescued_prompts_seen_again(tokenizer):
     # Step 4: B seen again, still unsolved (and rescued again). Seen again {A, B}, solved {A}: 0.5.
     m4 = _compose(probe, exchange, tokenizer, 4, {"B": False})
     assert m4[SHARE] == 0.5
-    assert probe.state_dict() == {"rescued": {"me": ["A", "B", "C"]}, "seen_after_rescue": {"me": ["A", "B"]},
-                                  "solved_after_rescue": {"me": ["A"]}}
+    assert _ids(probe.state_dict()) == {"rescued": {"me": ["A", "B", "C"]}, "seen_after_rescue": {"me": ["A", "B"]},
+                                        "solved_after_rescue": {"me": ["A"]}}
+
+
+def _ids(state):
+    """A state's packed id sets as sorted lists."""
+    return {key: {policy: sorted(unpack_ids(ids)) for policy, ids in per_policy.items()}
+            for key, per_policy in state.items()}
+
+
+def test_packed_state_is_small_exact_and_loads_with_weights_only():
+    import io
+
+    ids = {f"sub/{i}" for i in range(5000)}
+    packed = pack_ids(ids)
+    buffer = io.BytesIO()
+    torch.save({"rescued": {"a": packed}}, buffer)
+    assert buffer.tell() < 5 * len(ids)  # a list of the same ids takes ~18 bytes each
+    buffer.seek(0)
+    assert unpack_ids(torch.load(buffer, weights_only=True)["rescued"]["a"]) == ids
+    assert unpack_ids(pack_ids(set())) == set() and unpack_ids(["A", "B"]) == {"A", "B"}
+    with pytest.raises(ValueError, match="holds a newline"):
+        pack_ids({"bad\nid"})
 
 
 def test_a_prompt_solved_before_any_rescue_is_not_counted(tokenizer):
@@ -92,7 +113,7 @@ def test_a_prompt_solved_before_any_rescue_is_not_counted(tokenizer):
     m1 = _compose(probe, exchange, tokenizer, 1, {"A": True})  # solved by itself: not rescued
     m2 = _compose(probe, exchange, tokenizer, 2, {"A": True})
     assert SHARE not in m1 and SHARE not in m2
-    assert probe.state_dict()["rescued"] == {"me": []}
+    assert _ids(probe.state_dict())["rescued"] == {"me": []}
 
 
 def test_state_round_trip_keeps_the_share(tokenizer):
@@ -115,7 +136,7 @@ def test_merge_rank_states_takes_the_union_per_policy():
           "solved_after_rescue": {"a": [], "b": ["X"]}}
     probe = SuccessGatedTransfer()
     merged = probe.merge_rank_states([w0, w1])
-    assert merged == {
+    assert _ids(merged) == {
         "rescued": {"a": ["A", "B", "C"], "b": ["X"]},
         "seen_after_rescue": {"a": ["A", "C"], "b": ["X"]},
         "solved_after_rescue": {"a": ["A"], "b": ["X"]},
@@ -124,13 +145,13 @@ def test_merge_rank_states_takes_the_union_per_policy():
     probe.load_state_dict(merged)
     assert probe.rescued == {"a": {"A", "B", "C"}, "b": {"X"}}
     # One worker's state merges to itself.
-    assert probe.merge_rank_states([w0]) == w0
+    assert _ids(probe.merge_rank_states([w0])) == w0
 
 
 def test_merge_rank_states_reads_old_states_and_rejects_bad_input():
     old = {"rescued": {"a": ["A", "B"]}, "solved_after_rescue": {"a": ["B"]}}  # no seen_after_rescue
     probe = SuccessGatedTransfer()
-    assert probe.merge_rank_states([old])["seen_after_rescue"] == {"a": ["B"]}
+    assert _ids(probe.merge_rank_states([old]))["seen_after_rescue"] == {"a": ["B"]}
     with pytest.raises(ValueError, match=r"states=\[\] is empty"):
         probe.merge_rank_states([])
     with pytest.raises(ValueError, match=r"states\[1\] has no \['rescued'\]"):

@@ -45,7 +45,8 @@ def test_gsm8k_tiny_runs_two_steps_and_writes_checkpoint_and_eval_tags(tmp_path,
     tags = set(events.Tags()["scalars"])
     for policy in ("gpt2", "llama"):
         for part in ("gsm8k", "math500"):
-            for tag in (f"eval/{policy}/greedy_success_{part}", f"eval/{policy}/success_{part}"):
+            for tag in (f"eval/{policy}/greedy_success_{part}", f"eval/{policy}/success_{part}",
+                        f"eval/{policy}/mean_at_k_{part}", f"eval/{policy}/pass_at_k_{part}"):
                 assert tag in tags, f"missing {tag}"
                 assert [s.step for s in events.Scalars(tag)] == [0, 2]  # at the start and the end
         assert f"rollout/{policy}/reward_mean" in tags

@@ -1,0 +1,93 @@
+"""An auxiliary loss's share of the update, and its bound (mrl_lightning/objectives/aux_share.py).
+
+grad_share_k = ||g_k|| / (||g_0|| + ||g_k||) with g_0 the GRPO gradient; a term over its bound
+b is scaled by s_k = b / (1 - b) * ||g_0|| / ||g_k||. Expected values worked out by hand.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mrl_lightning.objectives.aux_share import backward_aux_losses, share_scale
+
+
+@pytest.mark.parametrize(
+    "main, term, bound, share, scale",
+    [
+        (3.0, 4.0, None, 4 / 7, 1.0),            # no bound: share only
+        (3.0, 4.0, 0.6, 4 / 7, 1.0),             # 0.571 <= 0.6: untouched
+        (3.0, 4.0, 0.25, 4 / 7, 0.25),           # s = 0.25/0.75 * 3/4 = 0.25
+        (3.0, 9.0, 0.5, 0.75, 1 / 3),            # s = 1 * 3/9: the term ends as large as g_0
+        (0.0, 2.0, 0.5, 1.0, 0.0),               # no GRPO signal: a bounded term is dropped
+        (0.0, 0.0, 0.5, 0.0, 1.0),               # nothing at all
+    ],
+)
+def test_share_and_scale_by_hand(main, term, bound, share, scale):
+    got_share, got_scale = share_scale(main, term, bound)
+    assert got_share == pytest.approx(share) and got_scale == pytest.approx(scale)
+
+
+@pytest.mark.parametrize("bound", [0.0, 1.0, -0.1, 1.5])
+def test_bound_outside_zero_one_is_refused(bound):
+    with pytest.raises(ValueError, match=f"max_grad_share={bound!r} must be in \\(0, 1\\)"):
+        share_scale(1.0, 1.0, bound)
+
+
+class _Term:
+    def __init__(self, name, fn, max_grad_share=None):
+        self.name, self.fn, self.max_grad_share = name, fn, max_grad_share
+
+    def __call__(self, policy, model):
+        return self.fn(model), {f"probe/{self.name}/p/loss": 1.0}
+
+
+def _toy(terms):
+    """w = [w1, w2]; GRPO loss 3*w1 (g_0 = [3, 0]) already backpropagated, then the terms."""
+    w = torch.nn.Parameter(torch.tensor([0.5, -1.0]))
+    (3.0 * w[0]).backward()
+    metrics = backward_aux_losses(terms, None, w, lambda loss: loss.backward(), [w], tag=lambda n: f"probe/{n}/p")
+    return w.grad, metrics
+
+
+def test_unbounded_term_adds_its_gradient_and_reports_its_share():
+    grad, metrics = _toy([_Term("sgt", lambda w: 4.0 * w[1])])
+    assert grad.tolist() == [3.0, 4.0]
+    assert metrics["probe/sgt/p/grad_share"] == pytest.approx(4 / 7)
+    assert metrics["probe/sgt/p/grad_share_raw"] == pytest.approx(4 / 7)
+    assert metrics["probe/sgt/p/grad_norm"] == pytest.approx(4.0)
+    assert metrics["probe/sgt/p/grpo_grad_norm"] == pytest.approx(3.0)
+    assert metrics["probe/sgt/p/grad_scale"] == 1.0 and metrics["probe/sgt/p/loss"] == 1.0
+
+
+def test_bounded_term_is_scaled_to_its_bound():
+    grad, metrics = _toy([_Term("sgt", lambda w: 4.0 * w[1], max_grad_share=0.25)])
+    assert grad.tolist() == pytest.approx([3.0, 1.0])  # 4 * s with s = 0.25
+    assert metrics["probe/sgt/p/grad_share"] == pytest.approx(0.25)  # 1 / (3 + 1)
+    assert metrics["probe/sgt/p/grad_share_raw"] == pytest.approx(4 / 7)
+    assert metrics["probe/sgt/p/grad_scale"] == pytest.approx(0.25)
+
+
+def test_terms_are_measured_each_against_grpo_and_summed_by_name():
+    # two "sgt" terms on w2 (3 + 1 = 4 -> share 4/7, bound 0.6 not hit) and a "prp" term on
+    # w1 (12, against ||g_0|| = 3: share 0.8 > 0.5, s = 1 * 3/12 = 0.25 -> 3)
+    terms = [_Term("sgt", lambda w: 3.0 * w[1], 0.6), _Term("prp", lambda w: 12.0 * w[0], 0.5),
+             _Term("sgt", lambda w: 1.0 * w[1], 0.6)]
+    grad, metrics = _toy(terms)
+    assert grad.tolist() == pytest.approx([3.0 + 3.0, 4.0])
+    assert metrics["probe/sgt/p/grad_share"] == pytest.approx(4 / 7)
+    assert metrics["probe/prp/p/grad_share_raw"] == pytest.approx(0.8)
+    assert metrics["probe/prp/p/grad_share"] == pytest.approx(0.5)
+
+
+def test_norm_is_over_all_parameters():
+    a = torch.nn.Parameter(torch.zeros(2))
+    b = torch.nn.Parameter(torch.zeros(1))
+    (a.sum() * 0.0 + 1.0 * a[0]).backward()  # g_0 = ([1, 0], None)
+    term = _Term("sgt", lambda _: 2.0 * a[1] + 2.0 * b[0])  # g = ([0, 2], [2]) -> norm sqrt(8)
+    metrics = backward_aux_losses([term], None, None, lambda loss: loss.backward(), [a, b], tag=lambda n: n)
+    assert metrics["sgt/grad_norm"] == pytest.approx(math.sqrt(8))
+    assert metrics["sgt/grad_share"] == pytest.approx(math.sqrt(8) / (1 + math.sqrt(8)))
+    assert a.grad.tolist() == [1.0, 2.0] and b.grad.tolist() == [2.0]
