@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--out {args.out} is not empty; pick a new folder.")
     args.out.mkdir(parents=True, exist_ok=True)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    colocated, t_colo = run("colocated", args.out, args.steps, ["--trainer.num_threads", str(cores)])
+    colocated, t_colo = run("colocated", args.out, args.steps, ["--trainer.devices", "1", "--trainer.placement",
+                                                                "colocated", "--trainer.num_threads", str(cores)])
     disjoint, t_disj = run("disjoint", args.out, args.steps, [
         "--trainer.devices", str(args.policies), "--trainer.strategy", "ddp", "--trainer.placement", "disjoint",
         "--trainer.num_threads", str(max(1, cores // args.policies))])

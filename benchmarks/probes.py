@@ -87,6 +87,8 @@ def fit_command(config: Path, snippet: Path, seed: int, steps: int, eval_every: 
            "--trainer.default_root_dir", str(run_dir), "--trainer.version", "0"]
     if placement == "disjoint":
         cmd += ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.placement", "disjoint"]
+    else:  # one process (the config may ask for more)
+        cmd += ["--trainer.devices", "1", "--trainer.placement", "colocated"]
     return cmd
 
 

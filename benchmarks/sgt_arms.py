@@ -38,6 +38,7 @@ SGT_CLASS = "mrl_lightning.callbacks.SuccessGatedTransfer"
 # The SGT settings of configs/default.yaml before this study (lambda 0.3 / 1.0, kappa 0.5).
 OLD = {"lambda_sgt": 0.3, "lambda_per_policy": {"llama": 1.0}, "kappa": 0.5}
 WARMUP = {"warmup_steps": 100}
+WU_KL = {"warmup_steps": 100, "beta": 0.1}
 # arm -> {"probe": callbacks snippet, "sgt": SGT init_args (replacing the config's), "policies": {name: init_args}}
 ARMS: dict[str, dict] = {
     "none": {"probe": "none.yaml"},
@@ -57,6 +58,9 @@ ARMS: dict[str, dict] = {
     "sgt_share30_wu": {"sgt": {**OLD, "max_grad_share": 0.3}, "policies": {"gpt2": WARMUP, "llama": WARMUP}},
     # transfers as extra samples of their prompt's GRPO group (verified reward, group advantages)
     "sgt_group": {"sgt": {"lambda_sgt": 1.0, "kappa": 0.5, "transfer_mode": "group"}},
+    # bound + warm-up + a KL anchor to the warm-started model, and the same policies without sharing
+    "sgt_s30_wu_kl": {"sgt": {**OLD, "max_grad_share": 0.3}, "policies": {"gpt2": WU_KL, "llama": WU_KL}},
+    "none_wu_kl": {"probe": "none.yaml", "policies": {"gpt2": WU_KL, "llama": WU_KL}},
 }
 
 
@@ -99,7 +103,7 @@ def fit_command(config: Path, seed: int, steps: int, eval_every: int, run_dir: P
     if placement == "disjoint":  # one process per policy, one thread each
         return cmd + ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.placement", "disjoint",
                       "--trainer.num_threads", "1"]
-    return cmd + ["--trainer.num_threads", "2"]
+    return cmd + ["--trainer.devices", "1", "--trainer.placement", "colocated", "--trainer.num_threads", "2"]
 
 
 def read_arm_run(run_dir: Path) -> dict[str, dict[str, float]]:

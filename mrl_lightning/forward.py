@@ -18,17 +18,22 @@ same way (:func:`shared_prefix_cache`, used by the HF rollout engine).
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
 from torch import Tensor
 
 
+@functools.lru_cache(maxsize=None)
+def _cache_kwarg_of(model_class: type) -> str:
+    params = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 def _cache_kwarg(model) -> str:
     """Name of the forward's KV-cache argument (``cache`` in newer transformers, else ``past_key_values``)."""
-    forward = getattr(model, "module", model).forward
-    params = inspect.signature(forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    return _cache_kwarg_of(type(getattr(model, "module", model)))
 
 
 def _output_cache(output):

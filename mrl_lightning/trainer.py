@@ -53,6 +53,7 @@ from mrl_lightning.progress import RunProgress
 from mrl_lightning.reporting import eval_counts, eval_metrics_from_counts, merge_eval_counts, rollout_metrics
 
 CUMULATIVE = {"train/samples_seen"}
+FULL_PRECISION = ("32-true", "32", "64-true", "64")
 STRATEGIES = ("auto", "ddp")
 
 
@@ -324,6 +325,7 @@ class MRLTrainer:
                 policy = model.policies[name]
                 seed = stream_seed(self._run_seed(), name, "rollout", self.rollout_step, w.group_index(name))
                 scored[name] = model.rollout(policy, w.shard(name, items), seed=seed)
+                self._rescore_under_mixed_precision(scored[name].rollouts)
                 metrics.update(rollout_metrics(scored[name], policy))
                 elapsed = time.perf_counter() - t0
                 metrics[f"rollout/{name}/gen_time_s"] = metrics[f"mwra/{name}/rollout_s"] = elapsed
@@ -356,6 +358,19 @@ class MRLTrainer:
         metrics["train/samples_seen"] = float(self.samples_seen)
         self.fabric.call("on_train_step_end", self, model, metrics)
         return metrics
+
+    def _rescore_under_mixed_precision(self, rollouts) -> None:
+        """Under mixed precision, let the update re-score the rollouts in its own precision.
+
+        Sampling runs the bare float32 model while the update runs under Fabric's autocast
+        (bf16 / fp16), so the two disagree by rounding and the first ratio is not 1. Marking
+        the sampler's log-probs as ``sampling_logprobs`` makes the update score the
+        rollouts once without gradient in its own precision, use those as the old
+        log-probs, and correct the sampler/trainer mismatch as for any other engine
+        (docs/rollout.md, ``rollout/<p>/is_ratio_*``, ``abs_delta_logp``).
+        """
+        if self.precision not in FULL_PRECISION and getattr(rollouts, "sampling_logprobs", None) is None:
+            rollouts.sampling_logprobs = rollouts.old_logprobs.clone()
 
     def _new_batch(self, name: str, policy, scored) -> TrainBatch:
         """The policy's batch before the probes: plain GRPO advantages and this rank's loss normalizers."""

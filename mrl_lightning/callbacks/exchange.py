@@ -63,6 +63,10 @@ class SharedExperienceExchange(MRLCallback):
         max_staleness_by_type: Staleness windows for some record types, replacing
             ``max_staleness`` for them, e.g. ``{rollout: 0}``: rollouts of the current
             step only, which is all SGT's THL residual metric reads.
+        rollouts_of_successes_only: Publish a RolloutRecord only for completions the
+            strict verifier accepted (SGT's THL residual metric reads no other); False =
+            every completion (PRP pools failures too). Fewer records to send between
+            workers and to hold.
 
     Raises:
         ValueError: unknown record type names, or invalid bounds (all at once).
@@ -76,8 +80,10 @@ class SharedExperienceExchange(MRLCallback):
         log_path: str | None = None,
         max_bytes: int | None = None,
         max_staleness_by_type: dict[str, int] | None = None,
+        rollouts_of_successes_only: bool = False,
     ) -> None:
         record_types = list(record_types or RECORD_NAMES)
+        self.rollouts_of_successes_only = rollouts_of_successes_only
         bad = [r for r in record_types if r not in RECORD_NAMES]
         if bad:
             raise ValueError(f"SharedExperienceExchange.record_types has unknown {bad}; valid: {list(RECORD_NAMES)}.")
@@ -96,6 +102,10 @@ class SharedExperienceExchange(MRLCallback):
     def config_errors(self, trainer, system) -> list[str]:
         """Probes (callbacks with ``see_reads``) that need records this exchange does not publish or keep."""
         errors = []
+        if self.rollouts_of_successes_only:
+            errors += [f"{type(cb).__name__} pools every peer rollout (failures too), but SharedExperienceExchange."
+                       "rollouts_of_successes_only=true publishes only successful ones; set it to false."
+                       for cb in trainer.callbacks if type(cb).__name__ == "PeerRolloutPooling"]
         for cb in trainer.callbacks:
             for name, steps in (getattr(cb, "see_reads", None) or {}).items():
                 probe = type(cb).__name__
@@ -142,7 +152,7 @@ class SharedExperienceExchange(MRLCallback):
             for k in range(g):
                 row = b * g + k
                 text = r.completion_texts[row]
-                if "rollout" in self.record_types:
+                if "rollout" in self.record_types and (success_all[b][k] or not self.rollouts_of_successes_only):
                     counted = mask_all[row]
                     ids = [t for t, m in zip(ids_all[row], counted) if m]
                     out.append(RolloutRecord(

@@ -6,10 +6,12 @@ device, nothing is loaded), validated, and printed before any model is built (do
 Memory estimate per worker (one process), in GiB, documented for what it is:
 
 - each policy it runs: 16 bytes per trainable parameter (fp32 weights, gradients and
-  AdamW's two moments), 4 more per parameter for a frozen reference model when
-  ``beta > 0``, activations of one micro-batch (per layer ``34·s·h + 5·a·s²`` bytes per
-  sequence at 16 bits, Korthikanti et al. 2022, doubled for fp32; plus the kept logits,
-  ``(L + 1)·V`` floats twice), and the KV cache of sampling;
+  AdamW's two moments) and 4 more per parameter for a frozen reference model when
+  ``beta > 0``, all resident; plus, for the one policy whose phase runs, the larger of the
+  activations of one micro-batch (per layer ``34·s·h + 5·a·s²`` bytes per sequence at 16
+  bits, Korthikanti et al. 2022, doubled for fp32, with s = max_prompt_length +
+  max_completion_length, an upper bound; plus the kept logits, ``(L + 1)·V`` floats twice)
+  and the KV cache of sampling;
 - on the CPU, the process's own footprint measured when the plan is built (Python, torch,
   Lightning, tokenizers: about 0.5-0.7 GB here), which dominates for tiny models.
 
@@ -83,7 +85,10 @@ class PolicyPlacement:
         strategy: Fabric strategy in use.
         precision: Fabric precision.
         threads: CPU threads per worker (``torch.set_num_threads``).
-        memory_gib: Estimated memory of this policy on each of its workers, GiB (None = unknown).
+        memory_gib: Estimated memory of this policy on each of its workers while its phase
+            runs (states + peak activations), GiB (None = unknown).
+        states_gib: The resident part of ``memory_gib`` (weights, gradients, optimizer
+            moments, reference model), GiB (None = unknown).
     """
 
     policy: str
@@ -96,10 +101,16 @@ class PolicyPlacement:
     precision: str
     threads: int
     memory_gib: float | None
+    states_gib: float | None = None
 
 
-def policy_memory_bytes(shape: ModelShape, policy, prompts_per_rank: int) -> float:
-    """Training memory of one policy on one worker, bytes (module docstring)."""
+def policy_memory_parts(shape: ModelShape, policy, prompts_per_rank: int) -> tuple[float, float]:
+    """One policy on one worker, bytes (module docstring): ``(states, peak activations)``.
+
+    States (weights, gradients, optimizer moments, reference model) stay resident;
+    activations (one micro-batch's, or the sampling KV cache, whichever is larger) exist
+    only while the policy's phase runs.
+    """
     n = policy.num_generations * prompts_per_rank
     micro = min(policy.micro_batch_size or n, n)
     s = policy.max_prompt_length + policy.max_completion_length
@@ -107,7 +118,12 @@ def policy_memory_bytes(shape: ModelShape, policy, prompts_per_rank: int) -> flo
     per_layer = 2 * (34 * s * shape.hidden + 5 * shape.heads * s * s)
     activations = micro * (shape.layers * per_layer + 2 * 4 * (policy.max_completion_length + 1) * shape.vocab)
     kv_cache = n * s * shape.layers * 2 * shape.hidden * 4
-    return states + activations + kv_cache
+    return float(states), float(max(activations, kv_cache))
+
+
+def policy_memory_bytes(shape: ModelShape, policy, prompts_per_rank: int) -> float:
+    """Memory of one policy on one worker while its phase runs, bytes (states + peak activations)."""
+    return sum(policy_memory_parts(shape, policy, prompts_per_rank))
 
 
 def process_rss_bytes() -> float:
@@ -145,18 +161,26 @@ def build_plan(
     for name, ranks in placement.groups.items():
         shape = shapes.get(name)
         per_rank = -(-batch_size // len(ranks))
-        memory = policy_memory_bytes(shape, policies[name], per_rank) / GIB if shape else None
+        states, peak = policy_memory_parts(shape, policies[name], per_rank) if shape else (None, None)
         rows.append(PolicyPlacement(
             policy=name, family=shape.family if shape else "?", params=shape.params if shape else None,
             vocab=shape.vocab if shape else None, ranks=ranks, device=device, strategy=strategy,
-            precision=precision, threads=threads, memory_gib=memory,
+            precision=precision, threads=threads, memory_gib=(states + peak) / GIB if shape else None,
+            states_gib=states / GIB if shape else None,
         ))
     return rows
 
 
 def worker_memory_gib(rows: list[PolicyPlacement], rank: int, framework_gib: float) -> float:
-    """Estimated memory of worker ``rank``: its policies plus ``framework_gib``."""
-    return framework_gib + sum(r.memory_gib or 0.0 for r in rows if rank in r.ranks)
+    """Estimated peak memory of worker ``rank``, GiB.
+
+    ``framework_gib`` + every policy's resident states + the largest activations of one
+    of its policies (a worker runs its policies' phases one at a time).
+    """
+    mine = [r for r in rows if rank in r.ranks and r.memory_gib is not None]
+    states = [r.states_gib if r.states_gib is not None else r.memory_gib for r in mine]
+    peaks = [r.memory_gib - s for r, s in zip(mine, states)]
+    return framework_gib + sum(states) + max(peaks, default=0.0)
 
 
 def validate_resources(

@@ -63,6 +63,9 @@ class RolloutBatch:
         old_logprobs: ``[N, L]`` float32 nats under the sampling distribution (0 where masked).
         finish_reasons: N strings, "eos" or "length".
         completion_texts: N decoded texts (special tokens removed).
+        sampling_logprobs: ``[N, L]`` float32 nats when the sampler's log-probs must be
+            re-scored by the update (another engine, or mixed precision); None = the old
+            log-probs are the update's own.
     """
 
     prompt_ids: Tensor
@@ -72,6 +75,7 @@ class RolloutBatch:
     old_logprobs: Tensor
     finish_reasons: list[str]
     completion_texts: list[str]
+    sampling_logprobs: Tensor | None = None
 
     @property
     def truncated(self) -> Tensor:
@@ -350,7 +354,12 @@ class HFGenerateEngine:
         completion = torch.where(cmask, completion, torch.full_like(completion, tokenizer.pad_token_id))
         # Exact text (THL): keeps a leading space that SentencePiece's decode would strip;
         # EOS and other specials contribute nothing; a cut character becomes U+FFFD.
-        texts = [decode_completion(tokenizer, row[m].tolist(), errors="replace") for row, m in zip(completion, cmask)]
+        texts, decoded = [], {}  # a group often repeats a completion: decode each distinct one once
+        for row, counted in zip(completion.tolist(), cmask.tolist()):
+            key = tuple(t for t, m in zip(row, counted) if m)
+            if key not in decoded:
+                decoded[key] = decode_completion(tokenizer, list(key), errors="replace")
+            texts.append(decoded[key])
         return RolloutBatch(
             prompt_ids=ids, prompt_mask=mask, completion_ids=completion, completion_mask=cmask,
             old_logprobs=logp, finish_reasons=["eos" if e else "length" for e in has_eos.tolist()],

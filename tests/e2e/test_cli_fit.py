@@ -119,3 +119,18 @@ def test_existing_run_folder_is_not_overwritten(write_config, capsys):
     _fit(cfg)
     assert main(["fit", "--config", str(cfg)]) == 2
     assert "already holds a run" in capsys.readouterr().err
+
+
+def test_bf16_mixed_update_scores_rollouts_in_its_own_precision(write_config):
+    """Sampling runs in float32, the update under bf16 autocast: the update re-scores the
+    rollouts, so its first importance ratio is exactly 1, and the sampler mismatch is logged."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = _fit(write_config(modify=lambda c: c["trainer"].update(max_steps=1, precision="bf16-mixed")))
+    events = EventAccumulator(str(run))
+    events.Reload()
+    for policy in ("gpt2", "llama"):
+        low = events.Scalars(f"train/{policy}/ratio_min")[0].value
+        high = events.Scalars(f"train/{policy}/ratio_max")[0].value
+        assert low == pytest.approx(1.0, abs=1e-6) and high == pytest.approx(1.0, abs=1e-6), (low, high)
+        assert events.Scalars(f"rollout/{policy}/abs_delta_logp")[0].value > 0.0  # there was a mismatch to fix

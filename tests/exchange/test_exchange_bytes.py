@@ -149,3 +149,38 @@ def test_resume_into_the_same_log_cuts_the_lost_steps_and_ends_equal_to_a_straig
     _run(resumed, range(4, 7))
     assert [record_key(r) for r in read_log(str(shared), log_format)] == \
         [record_key(r) for r in read_log(str(straight), log_format)]
+
+
+def test_rollouts_of_successes_only_publishes_rollout_records_of_verified_successes(monkeypatch):
+    from types import SimpleNamespace
+
+    import torch
+
+    import mrl_lightning.callbacks.exchange as see_module
+    from mrl_lightning.callbacks import PeerRolloutPooling
+    from mrl_lightning.data.items import PromptItem
+    from mrl_lightning.exchange import RolloutRecord, SuccessRecord
+    from mrl_lightning.rollout.hf_generate import RolloutBatch
+
+    monkeypatch.setattr(see_module, "token_bytes", lambda tok, ids: [str(i).encode() for i in ids])
+    monkeypatch.setattr(see_module, "tokenizer_fingerprint", lambda tok: "fp")
+    success = torch.tensor([[True, False, False, True]])
+    rollouts = RolloutBatch(
+        prompt_ids=torch.ones(4, 1, dtype=torch.long), prompt_mask=torch.ones(4, 1, dtype=torch.bool),
+        completion_ids=torch.tensor([[1, 2]] * 4), completion_mask=torch.ones(4, 2, dtype=torch.bool),
+        old_logprobs=torch.zeros(4, 2), finish_reasons=["eos"] * 4, completion_texts=["12", "11", "10", "12"])
+    scored = SimpleNamespace(policy="a", items=[PromptItem("add/0", "q", "12", "add", {})], rollouts=rollouts,
+                             rewards=success.float(), success=success, num_generations=4,
+                             verifier_rewards=success.float().view(-1))
+    verifier, policy = SimpleNamespace(name="v", version="1"), SimpleNamespace(tokenizer=None)
+    published = {}
+    for only in (False, True):
+        see = SharedExperienceExchange(record_types=["rollout", "success"], rollouts_of_successes_only=only)
+        records = see.records_for(scored, 1, policy, verifier)
+        published[only] = ([r.sample_index for r in records if isinstance(r, RolloutRecord)],
+                           sum(isinstance(r, SuccessRecord) for r in records))
+    assert published[False] == ([0, 1, 2, 3], 2)
+    assert published[True] == ([0, 3], 2)
+    see = SharedExperienceExchange(rollouts_of_successes_only=True)
+    errors = see.config_errors(SimpleNamespace(callbacks=[see, PeerRolloutPooling()]), None)
+    assert any("rollouts_of_successes_only" in e for e in errors)

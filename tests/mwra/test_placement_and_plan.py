@@ -126,3 +126,13 @@ def test_metrics_from_a_policy_group_combine_by_kind():
     assert merged == pytest.approx({"train/p/loss": 0.75, "rollout/p/reward_mean": 0.6, "train/p/ratio_max": 1.3,
                                     "probe/sgt/p/transfers": 5.0, "exchange/records_held": 10.0,
                                     "rollout/q/reward_mean": 0.9})
+
+
+def test_a_worker_holds_every_policys_states_but_one_policys_activations_at_a_time():
+    from mrl_lightning.mwra.plan import worker_memory_gib
+
+    rows = [PolicyPlacement("a", "gpt2", 1, 1, (0,), "cpu", "s", "32-true", 1, memory_gib=3.0, states_gib=1.0),
+            PolicyPlacement("b", "llama", 1, 1, (0, 1), "cpu", "s", "32-true", 1, memory_gib=2.5, states_gib=2.0)]
+    # rank 0 runs both: 0.5 framework + states 1 + 2 + the larger activations (2 vs 0.5)
+    assert worker_memory_gib(rows, 0, 0.5) == pytest.approx(0.5 + 3.0 + 2.0)
+    assert worker_memory_gib(rows, 1, 0.5) == pytest.approx(0.5 + 2.5)
