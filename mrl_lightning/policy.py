@@ -13,6 +13,7 @@ positions only (``logits_to_keep``), since the vocabulary dominates cost on a CP
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -542,8 +543,8 @@ def policy_update(policy: PolicyModule, batch, model, fabric, optimizer,
                                           r.completion_mask[sl], model=module, with_entropy=entropy)
 
     ref = None
-    if policy.beta > 0:
-        with torch.no_grad():
+    if policy.beta > 0:  # the reference scores in the update's precision (autocast), like the policy
+        with torch.no_grad(), (fabric.autocast() if hasattr(fabric, "autocast") else contextlib.nullcontext()):
             ref = torch.cat([logprobs(sl, policy.ref_model)[0] for sl in slices])
     metrics: dict[str, float] = {}
     sampler_weights = None
@@ -600,7 +601,8 @@ def policy_update(policy: PolicyModule, batch, model, fabric, optimizer,
             optimizer.step()
             note_optimizer_step(policy.model)  # a vLLM engine pushes the new weights before it samples again
         p = policy.policy_name
-        metrics[f"train/{p}/nonfinite_updates_skipped"] = float(skipped)
+        key = f"train/{p}/nonfinite_updates_skipped"  # over every inner iteration of the step
+        metrics[key] = metrics.get(key, 0.0) + float(skipped)
         metrics.update({
             f"train/{p}/loss": totals["loss"], f"train/{p}/grad_norm": float(grad_norm),
             f"train/{p}/clip_ratio_low": totals["clip_low"], f"train/{p}/clip_ratio_high": totals["clip_high"],

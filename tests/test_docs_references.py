@@ -58,8 +58,6 @@ def test_no_shipped_file_cites_documents_a_user_does_not_have(top):
     assert not hits, "cite a docs/ page instead:\n" + "\n".join(hits)
 
 
-@pytest.mark.xfail(strict=True, reason="README.md still cites SPEC sections; its owner changes those lines, then "
-                   "removes this marker (strict: the test fails once the README is clean, as a reminder)")
 def test_readme_cites_no_document_a_user_does_not_have():
     hits = forbidden_lines(REPO / "README.md")
     assert not hits, "cite a docs/ page instead:\n" + "\n".join(hits)

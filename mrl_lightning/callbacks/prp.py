@@ -37,6 +37,8 @@ Logged under ``probe/prp/<policy>/``: ``peers_pooled``, ``prompts_with_peers``,
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor
 
@@ -183,7 +185,26 @@ class PeerRolloutPooling(MRLCallback):
         if not any(type(cb).__name__ == "SharedExperienceExchange" for cb in trainer.callbacks):
             errors.append("PeerRolloutPooling reads RolloutRecords from SEE: add a SharedExperienceExchange "
                           "callback before it (callbacks/prp.yaml has both).")
+        errors += self._data_parallel_errors(trainer, system, names)
         return errors
+
+    def _data_parallel_errors(self, trainer, system, names: list[str]) -> list[str]:
+        """PRP's pooled std with ``scale_rewards: batch`` is per rank: refuse it for a policy on several ranks."""
+        if not hasattr(trainer, "placement_mode"):
+            return []
+        from mrl_lightning.errors import ConfigError as _ConfigError
+        from mrl_lightning.mwra import build_placement
+
+        try:
+            placement = build_placement(trainer.placement_mode, trainer.policy_ranks, names, trainer.fabric.world_size)
+        except _ConfigError:
+            return []  # the trainer reports the placement's own errors
+        return [f"PeerRolloutPooling: policy {name!r} has scale_rewards='batch' and {len(ranks)} data-parallel ranks; "
+                "PRP's pooled reward std is computed on each rank's own prompts, so the ranks would not take the "
+                "one-rank step. Use scale_rewards: group (or none) for it, or give it one rank."
+                for name, ranks in placement.groups.items()
+                if len(ranks) > 1 and (self.receivers is None or name in self.receivers)
+                and system.policies[name].scale_rewards == "batch"]
 
     def setup(self, trainer, system, datamodule) -> None:
         note = advantage_probe_note(trainer, self)
@@ -254,9 +275,9 @@ class PeerRolloutPooling(MRLCallback):
         if not peers:  # a pooled group of G + 0: plain GRPO, so an earlier probe's advantages never leak
             batch.advantages = group_advantages(scored.rewards, policy.scale_rewards, self.eps)
             return
-        self._pool(policy, batch, rows, peers, tag)
+        self._pool(policy, batch, rows, peers, tag, trainer)
 
-    def _pool(self, policy, batch, rows: Tensor, peers: list, tag: str) -> None:
+    def _pool(self, policy, batch, rows: Tensor, peers: list, tag: str, trainer=None) -> None:
         """Pooled advantages, no-grad receiver log-probs, weight metrics and the peer loss."""
         scored, tok = batch.scored, policy.tokenizer
         slots: dict[int, list[int]] = {}
@@ -292,7 +313,9 @@ class PeerRolloutPooling(MRLCallback):
         loss_mask = c_mask.clone()
         if policy.mask_truncated_completions:
             loss_mask &= torch.tensor([rec.finish_reason != "length" for _, _, rec in peers]).unsqueeze(1)
-        logp_recv = self._receiver_logprobs(policy, p_ids, p_mask, c_ids, c_mask)
+        fabric = getattr(trainer, "fabric", None)
+        with fabric.autocast() if fabric is not None else contextlib.nullcontext():  # the update's precision
+            logp_recv = self._receiver_logprobs(policy, p_ids, p_mask, c_ids, c_mask)
         logp_recv = torch.where(c_mask, logp_recv, torch.zeros_like(logp_recv))
         for key, value in prp_weight_metrics(logp_recv, logp_src, loss_mask, self.is_mode, self.is_level,
                                              self.c).items():

@@ -104,12 +104,13 @@ class PolicyPlacement:
     states_gib: float | None = None
 
 
-def policy_memory_parts(shape: ModelShape, policy, prompts_per_rank: int) -> tuple[float, float]:
-    """One policy on one worker, bytes (module docstring): ``(states, peak activations)``.
+def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int) -> dict[str, float]:
+    """One policy on one worker, bytes (module docstring).
 
-    States (weights, gradients, optimizer moments, reference model) stay resident;
-    activations (one micro-batch's, or the sampling KV cache, whichever is larger) exist
-    only while the policy's phase runs.
+    Returns:
+        ``states`` (weights, gradients, optimizer moments, reference model: resident),
+        ``activations`` (one micro-batch of the update) and ``kv_cache`` (HF sampling);
+        the last two exist only while the policy's phase runs, one at a time.
     """
     n = policy.num_generations * prompts_per_rank
     micro = min(policy.micro_batch_size or n, n)
@@ -118,7 +119,14 @@ def policy_memory_parts(shape: ModelShape, policy, prompts_per_rank: int) -> tup
     per_layer = 2 * (34 * s * shape.hidden + 5 * shape.heads * s * s)
     activations = micro * (shape.layers * per_layer + 2 * 4 * (policy.max_completion_length + 1) * shape.vocab)
     kv_cache = n * s * shape.layers * 2 * shape.hidden * 4
-    return float(states), float(max(activations, kv_cache))
+    return {"states": float(states), "activations": float(activations), "kv_cache": float(kv_cache)}
+
+
+def policy_memory_parts(shape: ModelShape, policy, prompts_per_rank: int) -> tuple[float, float]:
+    """``(states, peak activations)`` of one policy on one worker, bytes: the update's activations
+    or the sampling KV cache, whichever is larger (they do not coexist)."""
+    terms = policy_memory_terms(shape, policy, prompts_per_rank)
+    return terms["states"], max(terms["activations"], terms["kv_cache"])
 
 
 def policy_memory_bytes(shape: ModelShape, policy, prompts_per_rank: int) -> float:

@@ -99,7 +99,7 @@ def colocated_memory_share(policies: list, prompts_per_rank: int, device_memory_
     Raises:
         ConfigError: the share left is below 0.05, naming the numbers and the fixes.
     """
-    from mrl_lightning.mwra.plan import GIB, model_shape, policy_memory_bytes
+    from mrl_lightning.mwra.plan import GIB, model_shape, policy_memory_terms
 
     colocated = [p for p in policies if p.rollout_engine == "vllm" and p.vllm_mode == "colocate"]
     auto = [p for p in colocated if p.vllm_gpu_memory_utilization is None]
@@ -109,9 +109,10 @@ def colocated_memory_share(policies: list, prompts_per_rank: int, device_memory_
     for p in policies:
         config = p.model_config()
         if config is not None:
-            shape = model_shape(config)
-            own_kv = _hf_kv_cache_bytes(shape, p, prompts_per_rank) if p.rollout_engine == "vllm" else 0.0
-            training += (policy_memory_bytes(shape, p, prompts_per_rank) - own_kv) / GIB
+            terms = policy_memory_terms(model_shape(config), p, prompts_per_rank)
+            # a vLLM policy samples in its engine's own memory: no HF sampling KV cache
+            peak = terms["activations"] if p.rollout_engine == "vllm" else max(terms["activations"], terms["kv_cache"])
+            training += (terms["states"] + peak) / GIB
     fixed = sum(p.vllm_gpu_memory_utilization for p in colocated if p.vllm_gpu_memory_utilization is not None)
     share = min(MAX_SHARE, (1.0 - (training + RESERVE_GIB) / device_memory_gib - fixed) / len(auto))
     if share < MIN_SHARE:
@@ -123,15 +124,6 @@ def colocated_memory_share(policies: list, prompts_per_rank: int, device_memory_
             "Give each policy its own device (--trainer.devices, trainer.placement: disjoint), a smaller "
             "micro_batch_size, vllm_mode: server, or set vllm_gpu_memory_utilization by hand.")
     return {p.policy_name: share for p in auto}
-
-
-def _hf_kv_cache_bytes(shape, policy, prompts_per_rank: int) -> float:
-    """The sampling KV cache term of :func:`mrl_lightning.mwra.plan.policy_memory_bytes` (float32
-    keys and values of every layer for G * B sequences of prompt + completion length)."""
-    if shape is None:
-        return 0.0
-    n = policy.num_generations * prompts_per_rank
-    return n * (policy.max_prompt_length + policy.max_completion_length) * shape.layers * 2 * shape.hidden * 4
 
 
 def _launcher_env(device) -> None:

@@ -285,3 +285,22 @@ def test_end_to_end_two_families_through_the_trainer(model_dirs, tmp_path):
                 assert math.isfinite(metrics[key]), key
     for p in policies:
         assert any(not torch.equal(x, y) for x, y in zip(before[p.policy_name], p.model.parameters()))
+
+
+def test_batch_scaled_prp_on_several_ranks_of_one_policy_is_refused():
+    from types import SimpleNamespace
+
+    from mrl_lightning.callbacks import SharedExperienceExchange
+
+    prp = PeerRolloutPooling()
+    policies = {"a": SimpleNamespace(scale_rewards="batch"), "b": SimpleNamespace(scale_rewards="group")}
+    system = SimpleNamespace(policies=policies)
+
+    def trainer(world, mode):
+        return SimpleNamespace(callbacks=[SharedExperienceExchange(), prp], placement_mode=mode, policy_ranks=None,
+                               fabric=SimpleNamespace(world_size=world))
+
+    errors = prp.config_errors(trainer(2, "colocated"), system)  # a and b on both ranks
+    assert len(errors) == 1 and "policy 'a' has scale_rewards='batch' and 2 data-parallel ranks" in errors[0]
+    assert prp.config_errors(trainer(2, "disjoint"), system) == []  # one rank each
+    assert prp.config_errors(trainer(1, "colocated"), system) == []

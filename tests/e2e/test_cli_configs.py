@@ -131,3 +131,23 @@ def test_bad_templates_are_clear_errors_before_any_warm_start(write_config, no_m
     assert main(["fit", "--config", str(config)]) == 2
     err = capsys.readouterr().err
     assert expected in err and key in err and "gpt2" in err
+
+
+@pytest.mark.parametrize("snippet", SNIPPETS, ids=lambda p: p.name)
+def test_a_stacked_snippet_carries_no_option_over_from_the_config_below(snippet, capsys):
+    """jsonargparse keeps an earlier file's init_args for a callback of the same class at the
+    same list index unless the later file sets them: every snippet sets every option of its
+    callbacks (or leaves it at the class default), so what runs is what the snippet says."""
+    import importlib
+    import inspect
+
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(REPO / "configs" / "default.yaml"), "--config", str(snippet), "--print_config"])
+    resolved = yaml.safe_load(capsys.readouterr().out)["trainer"]["callbacks"]
+    written = yaml.safe_load(snippet.read_text())["trainer"]["callbacks"]
+    for got, want in zip(resolved, written):
+        module, name = got["class_path"].rsplit(".", 1)
+        defaults = {k: p.default for k, p in inspect.signature(getattr(importlib.import_module(module), name)).parameters.items()}
+        for key, value in (got.get("init_args") or {}).items():
+            expected = (want.get("init_args") or {}).get(key, defaults.get(key))
+            assert value == expected, f"{snippet.name}: {name}.{key} = {value!r}, but the snippet says {expected!r}"

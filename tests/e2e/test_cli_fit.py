@@ -126,7 +126,12 @@ def test_bf16_mixed_update_scores_rollouts_in_its_own_precision(write_config):
     rollouts, so its first importance ratio is exactly 1, and the sampler mismatch is logged."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    run = _fit(write_config(modify=lambda c: c["trainer"].update(max_steps=1, precision="bf16-mixed")))
+    def modify(cfg):
+        cfg["trainer"].update(max_steps=1, precision="bf16-mixed")
+        for policy in cfg["model"]["policies"]:
+            policy["init_args"]["beta"] = 0.04  # the reference model scores in the same precision too
+
+    run = _fit(write_config(modify=modify))
     events = EventAccumulator(str(run))
     events.Reload()
     for policy in ("gpt2", "llama"):
@@ -134,3 +139,4 @@ def test_bf16_mixed_update_scores_rollouts_in_its_own_precision(write_config):
         high = events.Scalars(f"train/{policy}/ratio_max")[0].value
         assert low == pytest.approx(1.0, abs=1e-6) and high == pytest.approx(1.0, abs=1e-6), (low, high)
         assert events.Scalars(f"rollout/{policy}/abs_delta_logp")[0].value > 0.0  # there was a mismatch to fix
+        assert events.Scalars(f"train/{policy}/kl_nats")[0].value == pytest.approx(0.0, abs=1e-9)  # policy == reference

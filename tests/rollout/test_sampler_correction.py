@@ -135,9 +135,10 @@ def _p(name, engine="vllm", mode="colocate", share=None):
 
 @pytest.fixture
 def ten_gib_each(monkeypatch):
-    """Every policy's training estimate is 10 GiB (the plan's function, replaced)."""
+    """Every policy's training estimate is 10 GiB: 4 resident + 6 of update activations, no KV cache."""
     monkeypatch.setattr("mrl_lightning.mwra.plan.model_shape", lambda config: None)
-    monkeypatch.setattr("mrl_lightning.mwra.plan.policy_memory_bytes", lambda shape, policy, prompts: 10 * 2**30)
+    monkeypatch.setattr("mrl_lightning.mwra.plan.policy_memory_terms",
+                        lambda shape, policy, prompts: {"states": 4 * 2**30, "activations": 6 * 2**30, "kv_cache": 0.0})
 
 
 def test_share_splits_what_training_leaves_between_colocated_engines(ten_gib_each):
@@ -161,19 +162,27 @@ def test_a_share_below_five_percent_is_a_config_error_with_the_numbers(ten_gib_e
 
 
 def test_a_vllm_policys_training_estimate_leaves_out_the_hf_sampling_kv_cache(monkeypatch):
-    from mrl_lightning.mwra.plan import ModelShape
+    monkeypatch.setattr("mrl_lightning.mwra.plan.model_shape", lambda config: None)
+    gib = 2**30
+    monkeypatch.setattr("mrl_lightning.mwra.plan.policy_memory_terms",
+                        lambda shape, policy, prompts: {"states": 2 * gib, "activations": 1 * gib, "kv_cache": 8 * gib})
+    # vLLM samples in its own memory: 2 + 1 = 3 GiB of training, 1 - (3 + 1 reserve) / 20 = 0.8.
+    assert colocated_memory_share([_p("a")], 8, 20.0) == pytest.approx({"a": 0.8})
+    # an HF policy beside it also samples with HF's KV cache: 2 + max(1, 8) = 10; 1 - (3 + 10 + 1) / 20 = 0.3.
+    assert colocated_memory_share([_p("a"), _p("b", engine="hf")], 8, 20.0) == pytest.approx({"a": 0.3})
 
-    monkeypatch.setattr("mrl_lightning.mwra.plan.model_shape",
-                        lambda config: ModelShape("llama", 1, 1, hidden=1024, layers=16, heads=8))
-    monkeypatch.setattr("mrl_lightning.mwra.plan.policy_memory_bytes", lambda shape, policy, prompts: 10 * 2**30)
 
-    def policy(name, engine):
-        p = _p(name, engine=engine)
-        p.num_generations, p.max_prompt_length, p.max_completion_length = 8, 512, 512
-        return p
+def test_the_share_uses_the_plans_own_estimate_of_states_and_update_activations(monkeypatch):
+    """With the plan's real estimate (no stub): the vLLM share leaves room for the update's
+    activations, not only for the resident states."""
+    from mrl_lightning.mwra.plan import ModelShape, policy_memory_terms
 
-    # KV cache of HF sampling: (8 x 8 sequences) x 1024 positions x 16 layers x 2 x 1024 x 4 bytes = 8 GiB,
-    # so the vLLM policy counts 10 - 8 = 2 GiB: 1 - (2 + 1) / 20 = 0.85.
-    assert colocated_memory_share([policy("a", "vllm")], 8, 20.0) == pytest.approx({"a": 0.85})
-    # an HF policy beside it keeps its 10 GiB: 1 - (2 + 10 + 1) / 20 = 0.35.
-    assert colocated_memory_share([policy("a", "vllm"), policy("b", "hf")], 8, 20.0) == pytest.approx({"a": 0.35})
+    shape = ModelShape("qwen2", params=494_000_000, vocab=151_936, hidden=896, layers=24, heads=14)
+    monkeypatch.setattr("mrl_lightning.mwra.plan.model_shape", lambda config: shape)
+    policy = _p("a")
+    policy.num_generations, policy.micro_batch_size, policy.beta = 8, 2, 0.0
+    policy.max_prompt_length, policy.max_completion_length = 512, 512
+    terms = policy_memory_terms(shape, policy, 64)
+    assert terms["activations"] > 0.1 * terms["states"]  # not negligible: leaving it out over-sizes vLLM
+    expected = 1 - ((terms["states"] + terms["activations"]) / 2**30 + 1.0) / 141.0
+    assert colocated_memory_share([policy], 64, 141.0) == pytest.approx({"a": expected})
