@@ -61,6 +61,13 @@ ARMS: dict[str, dict] = {
     # bound + warm-up + a KL anchor to the warm-started model, and the same policies without sharing
     "sgt_s30_wu_kl": {"sgt": {**OLD, "max_grad_share": 0.3}, "policies": {"gpt2": WU_KL, "llama": WU_KL}},
     "none_wu_kl": {"probe": "none.yaml", "policies": {"gpt2": WU_KL, "llama": WU_KL}},
+    # faster weak-part learning under the bound: a higher bound, twice the learning rates, group mode
+    "sgt_s50_wu": {"sgt": {**OLD, "max_grad_share": 0.5}, "policies": {"gpt2": WARMUP, "llama": WARMUP}},
+    "sgt_s30_wu_lr2": {"sgt": {**OLD, "max_grad_share": 0.3},
+                       "policies": {"gpt2": {**WARMUP, "learning_rate": 6.0e-4},
+                                    "llama": {**WARMUP, "learning_rate": 4.0e-4}}},
+    "sgt_group_s30_wu": {"sgt": {"lambda_sgt": 1.0, "kappa": 0.5, "transfer_mode": "group", "max_grad_share": 0.3},
+                         "policies": {"gpt2": WARMUP, "llama": WARMUP}},
 }
 
 

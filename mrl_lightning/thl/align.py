@@ -124,6 +124,10 @@ def _pairs(
     po: list[float] = []
     for k in range(n_chunks):
         srcs, tgts = by_chunk_s[k], by_chunk_t[k]
+        if len(srcs) == 1 and len(tgts) == 1 and src_len[srcs[0]] and tgt_len[tgts[0]]:
+            # One token with bytes on each side (most chunks): it takes all of the source token.
+            pt.append(tgts[0]), ps.append(srcs[0]), pw.append(1.0), po.append(float(src_len[srcs[0]]))
+            continue
         if not srcs or not tgts:
             continue
         full_t = [j for j in tgts if tgt_len[j]]

@@ -36,7 +36,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
@@ -200,8 +199,8 @@ def char_offsets(text: str, lengths: list[int]) -> list[tuple[int, int]]:
 
     Returns:
         ``[L]`` (start, end) character offsets; a piece inside one character gets that
-        character's span; a zero-length piece gets ``(c, c)``; spans are clipped to
-        ``len(text)``.
+        character's span; a zero-length piece gets ``(c, c)`` (``c == len(text)`` at the
+        end of the text); spans are clipped to ``len(text)``.
     """
     ends = list(accumulate(lengths))
     starts = [e - n for e, n in zip(ends, lengths)]
@@ -210,12 +209,17 @@ def char_offsets(text: str, lengths: list[int]) -> list[tuple[int, int]]:
         if not ends or ends[-1] <= n_chars:
             return list(zip(starts, ends))
         return [(min(s, n_chars), min(e, n_chars)) for s, e in zip(starts, ends)]
-    char_starts = [0, *accumulate(len(c.encode("utf-8", "surrogateescape")) for c in text)][:-1]
-    out = []
-    for s, e in zip(starts, ends):
-        c0 = min(bisect_right(char_starts, s) - 1, n_chars)
-        out.append((c0, c0) if e == s else (c0, min(bisect_left(char_starts, e), n_chars)))
-    return out
+    import numpy as np  # only non-ASCII text needs it
+
+    # Bytes per character from its code point (vectorized; a per-character encode is ~10x slower):
+    # 1 below U+0080, 2 below U+0800, 3 below U+10000, else 4; a surrogate-escaped byte is 1.
+    cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    nbytes = 1 + (cps >= 0x80) + (cps >= 0x800) + (cps >= 0x10000) - 2 * ((cps >= 0xDC80) & (cps <= 0xDCFF))
+    char_starts = np.zeros(n_chars + 1, dtype=np.int64)  # the last: the end of the text, as a character start
+    np.cumsum(nbytes, out=char_starts[1:])
+    c0 = (np.searchsorted(char_starts, starts, side="right") - 1).tolist()
+    c1 = np.minimum(np.searchsorted(char_starts, ends, side="left"), n_chars).tolist()
+    return [(a, a) if e == s else (a, b) for a, b, s, e in zip(c0, c1, starts, ends)]
 
 
 def encode_completion(tokenizer: Any, completion_text: str) -> Retokenized:
