@@ -122,7 +122,8 @@ class SuccessGatedTransfer(MRLCallback):
             either way as ``probe/sgt/<policy>/grad_share``.
         transfer_mode: ``"nll"``: the transfer term ``lambda * A_plus * mean NLL`` over the
             step's demos (:func:`~mrl_lightning.probes.sgt.sgt_loss`). ``"group"``: each demo
-            joins its prompt's group as an extra sample with its verified reward; the group's
+            joins its prompt's group as an extra sample with its combined reward (every reward
+            function, as own samples are scored); the group's
             advantages are recomputed over own + demos and the demos are trained on like own
             samples of the batch, weighted by lambda
             (:func:`~mrl_lightning.probes.sgt.sgt_group_loss`; ``advantage_plus`` unused).
@@ -211,7 +212,8 @@ class SuccessGatedTransfer(MRLCallback):
         chosen = rescue_set(own, prompt_ids, peer, self.kappa, self.max_transfers_per_prompt)
         traces_by_key = self._source_traces(trainer, chosen, items, source_of)
         demos, traces, failures = [], [], 0
-        demo_rows: dict[int, list[float]] = {}  # row -> verified rewards of its demos, in demo order
+        demo_rows: dict[int, list[float]] = {}  # row -> its demos' verifier rewards, in demo order
+        demo_texts: dict[int, list[str]] = {}  # row -> its demos' texts, in demo order
         for b, texts in chosen.items():
             rescued.add(items[b].prompt_id)
             for text in texts:
@@ -229,10 +231,18 @@ class SuccessGatedTransfer(MRLCallback):
                     continue
                 demos.append((r.prompt_ids[-policy.max_prompt_length:], r.completion_ids))
                 demo_rows.setdefault(b, []).append(reward_of[(items[b].prompt_id, text)])
+                demo_texts.setdefault(b, []).append(text)
         if traces:
             batch.metrics.update(residual_metrics(traces, prefix=f"thl/sgt/{name}/"))
         weight = self.lambda_per_policy.get(name, self.lambda_sgt)
         if demos and weight > 0 and self.transfer_mode == "group":
+            # A demo joins a group of own samples scored by the combined reward of every reward
+            # function (reward_weights), not by the strict verifier's alone: score it the same way.
+            rows = list(demo_rows)
+            texts = [t for b in rows for t in demo_texts[b]]
+            _, combined, _ = system.score(texts, [items[b] for b in rows for _ in demo_texts[b]])
+            it = iter(combined.tolist())
+            demo_rows = {b: [next(it) for _ in demo_texts[b]] for b in rows}
             self._join_groups(policy, batch, demos, demo_rows, weight, tag)
         elif demos and weight > 0:
             batch.aux_losses.append(_SGTTransferLoss(demos, weight, self.advantage_plus, tag, batch,

@@ -83,16 +83,22 @@ def test_callback_in_group_mode_replaces_the_rescued_rows_advantages_and_counts_
     policy = SimpleNamespace(policy_name="me", tokenizer=char_tokenizer, max_prompt_length=64, scale_rewards="group")
     items = [PromptItem("p0", "q", "46", "add", {}), PromptItem("p1", "q", "2", "sub", {})]
     success = torch.tensor([[False] * 4, [True, False, False, False]])
-    rewards = success.float()
+    rewards = success.float() + 0.2  # combined rewards: the format reward counts too
     scored = SimpleNamespace(items=items, success=success, rewards=rewards,
                              prompt_texts=["12 + 34?\nAnswer:", "7 - 5?"])
     advantages = torch.tensor([[0.0] * 4, [1.5, -0.5, -0.5, -0.5]])
     batch = TrainBatch(scored=scored, advantages=advantages.clone(), counts={"sequences": 8.0, "tokens": 20.0})
-    SuccessGatedTransfer(lambda_sgt=1.0, transfer_mode="group").on_compose_batch(trainer, None, policy, batch)
+    def score(texts, score_items):  # a verifier (1) plus a format reward (0.2 for any answer)
+        assert texts == [" 46"] and [x.prompt_id for x in score_items] == ["p0"]
+        return None, torch.tensor([1.2]), torch.tensor([True])
+
+    SuccessGatedTransfer(lambda_sgt=1.0, transfer_mode="group").on_compose_batch(
+        trainer, SimpleNamespace(score=score), policy, batch)
     (aux,) = batch.aux_losses
     ((_, completion),) = aux.demos  # " 46" + EOS in a char-level tokenizer: 4 tokens
     assert len(completion) == 4
-    # p0: [0, 0, 0, 0] + [1]: mean 0.2, Bessel var (4 * 0.04 + 0.64) / 4 = 0.2
+    # p0: own [0.2] * 4 + the demo's combined 1.2 (not the verifier's 1.0): mean 0.4,
+    # Bessel var (4 * 0.04 + 0.64) / 4 = 0.2
     std = 0.2 ** 0.5 + 1e-4
     assert batch.advantages[0].tolist() == pytest.approx([-0.2 / std] * 4)
     assert aux.advantages.tolist() == pytest.approx([0.8 / std])
