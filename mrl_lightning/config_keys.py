@@ -120,7 +120,15 @@ def config_file_problems(args: list[str]) -> list[str]:
             continue
         try:
             data = yaml.safe_load(file.read_text())
-        except (yaml.YAMLError, UnicodeDecodeError):
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            tab = " (YAML does not allow tabs for indentation: use spaces)" if "\t" in file.read_text() else ""
+            problems.append(f"config file {path!r} is not valid YAML{where}: {problem}{tab}.")
+            continue
+        except UnicodeDecodeError:
+            problems.append(f"config file {path!r} is not UTF-8 text.")
             continue
         if data is None:
             problems.append(f"config file {path!r} is empty (or holds only comments): give a YAML mapping such as "

@@ -88,8 +88,9 @@ class MRLTrainer:
             ``eval/<p>/success_*`` (mean success); 0 = greedy only. Greedy success is always
             logged as ``eval/<p>/greedy_success_*``.
         enable_progress_bar: Show a progress display on the console.
-        num_threads: ``torch.set_num_threads`` per worker; None = the node's cores split
-            evenly over its workers.
+        num_threads: ``torch.set_num_threads`` per worker; None = ``OMP_NUM_THREADS`` when
+            that is set to a positive integer, else the node's cores split evenly over its
+            workers.
         version: Run folder name suffix; None = next free ``version_<n>``.
         seed: Run seed of the sampling streams; None = the CLI's ``seed_everything``.
 
@@ -229,7 +230,10 @@ class MRLTrainer:
         except KeyboardInterrupt:
             last = Path(self.log_dir) / "checkpoints" / "last.ckpt"
             self.logger.finalize("interrupted")
-            hint = f"resume with --ckpt_path {last}" if last.exists() else "no checkpoint was written yet"
+            every = f"trainer.checkpoint_every_n_steps: {self.checkpoint_every_n_steps}"
+            hint = (f"resume with --ckpt_path {last} (the newest checkpoint; the steps after it are run again, "
+                    f"as often as {every} says)" if last.exists()
+                    else f"no checkpoint was written yet ({every}; lower it to lose fewer steps)")
             self.print(f"\nInterrupted during step {self.global_step + 1}; {hint}.")
             raise SystemExit(130) from None
         if self.global_step % self.eval_every_n_steps:
@@ -242,7 +246,7 @@ class MRLTrainer:
         """Build, validate and format the resource plan (before any model is built)."""
         device = self.fabric.device.type
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        threads = self.num_threads or max(1, cores // self.devices_per_node)
+        threads = self.num_threads or _omp_threads() or max(1, cores // self.devices_per_node)
         shapes = {}
         for name, policy in model.policies.items():
             config = policy.model_config()
@@ -523,3 +527,9 @@ def _peak_memory_gib(device: torch.device) -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
+
+
+def _omp_threads() -> int | None:
+    """``OMP_NUM_THREADS`` as a positive int, or None when unset or not one (threads per worker)."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None

@@ -97,11 +97,18 @@ def build_placement(
         return Placement("colocated", {name: ranks for name in policy_names}, world_size)
 
     if policy_ranks is None:
+        if world_size < len(policy_names):
+            raise ConfigError(
+                f"trainer.placement: disjoint gives each of the {len(policy_names)} policies {policy_names} "
+                f"ranks of its own, but the run has {world_size} rank(s); set --trainer.devices "
+                f"{len(policy_names)} (one per policy) or --trainer.placement colocated.")
         if world_size % len(policy_names):
+            example = {n: 1 for n in policy_names}
+            example[policy_names[0]] += world_size - len(policy_names)
             raise ConfigError(
                 f"trainer.placement: disjoint splits {world_size} rank(s) over {len(policy_names)} policies "
-                f"{policy_names}, which does not divide evenly; give trainer.policy_ranks (e.g. "
-                f"{ {n: 1 for n in policy_names} }) or set --trainer.devices to a multiple of {len(policy_names)}.")
+                f"{policy_names}, which does not divide evenly; give trainer.policy_ranks summing to "
+                f"{world_size} (e.g. {example}) or set --trainer.devices to a multiple of {len(policy_names)}.")
         policy_ranks = {name: world_size // len(policy_names) for name in policy_names}
     for name in policy_ranks:
         if name not in policy_names:

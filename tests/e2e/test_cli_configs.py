@@ -133,8 +133,9 @@ def test_bad_templates_are_clear_errors_before_any_warm_start(write_config, no_m
     assert expected in err and key in err and "gpt2" in err
 
 
+@pytest.mark.parametrize("below", [None, *SNIPPETS], ids=lambda p: f"after-{p.name}" if p else "after-default")
 @pytest.mark.parametrize("snippet", SNIPPETS, ids=lambda p: p.name)
-def test_a_stacked_snippet_carries_no_option_over_from_the_config_below(snippet, capsys):
+def test_a_stacked_snippet_carries_no_option_over_from_the_config_below(snippet, below, capsys):
     """jsonargparse keeps an earlier file's init_args for a callback of the same class at the
     same list index unless the later file sets them: every snippet sets every option of its
     callbacks (or leaves it at the class default), so what runs is what the snippet says."""
@@ -142,7 +143,8 @@ def test_a_stacked_snippet_carries_no_option_over_from_the_config_below(snippet,
     import inspect
 
     with pytest.raises(SystemExit):
-        main(["fit", "--config", str(REPO / "configs" / "default.yaml"), "--config", str(snippet), "--print_config"])
+        main(["fit", "--config", str(REPO / "configs" / "default.yaml"),
+              *(["--config", str(below)] if below else []), "--config", str(snippet), "--print_config"])
     resolved = yaml.safe_load(capsys.readouterr().out)["trainer"]["callbacks"]
     written = yaml.safe_load(snippet.read_text())["trainer"]["callbacks"]
     for got, want in zip(resolved, written):

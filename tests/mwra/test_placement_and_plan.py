@@ -43,9 +43,18 @@ def test_bad_disjoint_plans_name_the_field_and_the_fix(ranks, world, words):
         assert word in str(info.value)
 
 
-def test_disjoint_on_one_rank_for_two_policies_is_refused():
-    with pytest.raises(ConfigError, match="does not divide evenly"):
+def test_disjoint_on_one_rank_for_two_policies_is_refused_with_a_fix_that_works():
+    with pytest.raises(ConfigError, match="set --trainer.devices 2 \\(one per policy\\) or --trainer.placement colocated"):
         build_placement("disjoint", None, NAMES, 1)
+    build_placement("disjoint", None, NAMES, 2)  # the fix named
+
+
+def test_an_uneven_split_suggests_policy_ranks_that_sum_to_the_world():
+    with pytest.raises(ConfigError) as info:
+        build_placement("disjoint", None, NAMES, 3)
+    suggested = eval(str(info.value).split("(e.g. ")[1].split(")")[0])  # a dict literal
+    assert sum(suggested.values()) == 3
+    build_placement("disjoint", suggested, NAMES, 3)
 
 
 def test_unknown_placement_and_policy_ranks_with_colocated_are_refused():
@@ -136,3 +145,12 @@ def test_a_worker_holds_every_policys_states_but_one_policys_activations_at_a_ti
     # rank 0 runs both: 0.5 framework + states 1 + 2 + the larger activations (2 vs 0.5)
     assert worker_memory_gib(rows, 0, 0.5) == pytest.approx(0.5 + 3.0 + 2.0)
     assert worker_memory_gib(rows, 1, 0.5) == pytest.approx(0.5 + 2.5)
+
+
+@pytest.mark.parametrize("value, expected", [("1", 1), ("3", 3), ("", None), ("0", None), ("two", None)])
+def test_threads_per_worker_follow_omp_num_threads_when_not_configured(monkeypatch, value, expected):
+    """``trainer.num_threads: null`` takes ``OMP_NUM_THREADS`` when it is a positive integer."""
+    from mrl_lightning.trainer import _omp_threads
+
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    assert _omp_threads() == expected

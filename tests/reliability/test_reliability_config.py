@@ -59,7 +59,10 @@ def test_unknown_init_arg_of_a_class_names_the_nearest_argument(write_tiny_confi
     ("", "is empty (or holds only comments)"),
     ("# trainer:\n#   max_steps: 3\n", "is empty (or holds only comments)"),
     ("- trainer\n- model\n", "holds a YAML list, not a mapping"),
-], ids=["empty", "comments", "list"])
+    ("trainer:\n\tmax_steps: 3\n", "is not valid YAML, line 2, column 1: found character '\\t' that cannot start "
+     "any token (YAML does not allow tabs for indentation: use spaces)"),
+    ("trainer: {max_steps: [3\n", "is not valid YAML, line 2, column 1"),
+], ids=["empty", "comments", "list", "tab", "unclosed"])
 def test_empty_or_non_mapping_yaml_is_named(tmp_path, write_tiny_config, no_model_build, capsys, text, expected):
     bad = tmp_path / "probe.yaml"
     bad.write_text(text)
