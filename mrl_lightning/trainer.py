@@ -276,7 +276,8 @@ class MRLTrainer:
         w.barrier("materialize")
         for name, policy in model.policies.items():
             local = name in w.local_policies
-            policy.build(datamodule, cache_log=self.print if local else (lambda _msg: None), with_model=local)
+            # the cache lines were printed by the materializing rank above: not twice
+            policy.build(datamodule, cache_log=lambda _msg: None, with_model=local)
             self.optimizer_steps.setdefault(name, 0)
             if not local:
                 continue
