@@ -435,7 +435,12 @@ class MRLTrainer:
                 "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks},
                 "rng": rng_state(),
             }
+            if w.distributed:  # torch.save keeps tied weights one storage; pickling for the gather would not
+                local["policies"] = {name: _pack(part) for name, part in local["policies"].items()}
             gathered = w.gather_to_zero(local, "checkpoint")
+            if gathered is not None and w.distributed:
+                for g in gathered:
+                    g["policies"] = {name: _unpack(part) for name, part in g["policies"].items()}
             if gathered is not None:
                 state = {
                     "format": "mrl-lightning", "version": FORMAT_VERSION,
@@ -534,3 +539,19 @@ def _omp_threads() -> int | None:
     """``OMP_NUM_THREADS`` as a positive int, or None when unset or not one (threads per worker)."""
     value = os.environ.get("OMP_NUM_THREADS", "").strip()
     return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def _pack(state: dict[str, Any]) -> bytes:
+    """``state`` as ``torch.save`` bytes: tensors that share storage (tied embeddings) stay shared."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def _unpack(data: bytes) -> dict[str, Any]:
+    """Inverse of :func:`_pack` (tensors and plain containers only)."""
+    import io
+
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)

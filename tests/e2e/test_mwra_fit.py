@@ -97,6 +97,11 @@ def test_disjoint_two_processes_reproduce_the_colocated_run(runs):
     assert len(disjoint["rng"]["ranks"]) == 2
     assert all(isinstance(r["torch"], torch.Tensor) and "cuda" in r for r in disjoint["rng"]["ranks"])
     assert disjoint["counters"]["optimizer_steps"] == {"gpt2": 4, "llama": 4}
+    # Tied weights (GPT-2's wte / lm_head) stay one storage after the gather, as colocated.
+    for ckpt in (_ckpt(runs, "colocated"), disjoint):
+        model = ckpt["policies"]["gpt2"]["model"]
+        assert (model["transformer.wte.weight"].untyped_storage().data_ptr()
+                == model["lm_head.weight"].untyped_storage().data_ptr())
 
 
 def test_per_worker_timings_and_memory_are_logged(runs):
