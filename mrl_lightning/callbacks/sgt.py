@@ -57,6 +57,20 @@ def unpack_ids(packed) -> set[str]:
     return set(packed)
 
 
+def _demo_logprobs(policy, model, demos) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """The receiver's per-token log-probs of its demos.
+
+    Returns:
+        ``([D, Lc] log-probs (nats, with grad), [D, Lc] completion mask, mean NLL per token (nats))``.
+    """
+    p_ids, p_mask, c_ids, c_mask = pad_demos(demos, policy.tokenizer.pad_token_id)
+    device = next(policy.model.parameters()).device
+    logp, _ = policy.completion_logprobs(p_ids.to(device), p_mask.to(device), c_ids.to(device),
+                                         c_mask.to(device), model=model)
+    c_mask = c_mask.to(device)
+    return logp, c_mask, float((-(logp.detach() * c_mask).sum() / c_mask.sum().clamp(min=1)))
+
+
 class _SGTTransferLoss:
     name = "sgt"
 
@@ -67,12 +81,7 @@ class _SGTTransferLoss:
         self.max_grad_share = max_grad_share  # read by policy_update (objectives/aux_share.py)
 
     def __call__(self, policy, model) -> tuple[torch.Tensor, dict[str, float]]:
-        p_ids, p_mask, c_ids, c_mask = pad_demos(self.demos, policy.tokenizer.pad_token_id)
-        device = next(policy.model.parameters()).device
-        logp, _ = policy.completion_logprobs(p_ids.to(device), p_mask.to(device), c_ids.to(device),
-                                             c_mask.to(device), model=model)
-        c_mask = c_mask.to(device)
-        nll = float((-(logp.detach() * c_mask).sum() / c_mask.sum().clamp(min=1)))
+        logp, c_mask, nll = _demo_logprobs(policy, model, self.demos)
         loss = sgt_loss(logp, c_mask, self.lambda_sgt, self.advantage_plus,
                         num_demos=self.batch.total("sgt_demos") or None)
         return loss, {f"{self.tag}/nll_nats": nll}
@@ -90,13 +99,8 @@ class _SGTGroupLoss:
         self.max_grad_share = max_grad_share
 
     def __call__(self, policy, model) -> tuple[torch.Tensor, dict[str, float]]:
-        p_ids, p_mask, c_ids, c_mask = pad_demos(self.demos, policy.tokenizer.pad_token_id)
-        device = next(policy.model.parameters()).device
-        logp, _ = policy.completion_logprobs(p_ids.to(device), p_mask.to(device), c_ids.to(device),
-                                             c_mask.to(device), model=model)
-        c_mask = c_mask.to(device)
-        nll = float((-(logp.detach() * c_mask).sum() / c_mask.sum().clamp(min=1)))
-        loss = sgt_group_loss(logp, c_mask, self.advantages.to(device), self.lambda_sgt, policy.loss_type,
+        logp, c_mask, nll = _demo_logprobs(policy, model, self.demos)
+        loss = sgt_group_loss(logp, c_mask, self.advantages.to(c_mask.device), self.lambda_sgt, policy.loss_type,
                               num_sequences=self.batch.total("sequences"), num_tokens=self.batch.total("tokens"),
                               max_completion_length=policy.max_completion_length)
         return loss, {f"{self.tag}/nll_nats": nll}
