@@ -124,7 +124,7 @@ def config_file_problems(args: list[str]) -> list[str]:
             mark = getattr(e, "problem_mark", None)
             where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
             problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-            tab = " (YAML does not allow tabs for indentation: use spaces)" if "\t" in file.read_text() else ""
+            tab = " (YAML does not allow tabs for indentation: use spaces)" if "'\\t'" in problem else ""
             problems.append(f"config file {path!r} is not valid YAML{where}: {problem}{tab}.")
             continue
         except UnicodeDecodeError:
