@@ -48,3 +48,26 @@ def tiny_config(cache_dir: Path, root_dir: Path, *, callbacks: list | None = Non
         "data": {"class_path": "mrl_lightning.data.ReasoningGymDataModule",
                  "init_args": {"batch_size": 2, "train_size": 50, "eval_size": 4, "seed": 0, "parts": parts}},
     }
+
+
+def write_tiny_config(tmp_path: Path, name: str = "tiny.yaml", modify=None, **kwargs) -> Path:
+    """Write :func:`tiny_config` (cache and runs under ``tmp_path``), after ``modify(cfg)``, to ``tmp_path / name``."""
+    import yaml
+
+    cfg = tiny_config(tmp_path / "cache", tmp_path / "runs", **kwargs)
+    if modify is not None:
+        modify(cfg)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def forbid_model_build(monkeypatch) -> None:
+    """Make any model build or load raise (config errors must come before it)."""
+    import transformers
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a model was built before the config was checked")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", boom)
+    monkeypatch.setattr("mrl_lightning.recipes.tiny.TinyCausalLM.materialize", boom)

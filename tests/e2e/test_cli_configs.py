@@ -10,6 +10,8 @@ import yaml
 
 from mrl_lightning.cli import main
 
+from e2e_configs import forbid_model_build
+
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 SNIPPETS = sorted((REPO / "callbacks").glob("*.yaml"))
@@ -41,13 +43,7 @@ def test_snippet_list_covers_every_probe():
 @pytest.fixture
 def no_model_build(monkeypatch):
     """Fail loudly if anything tries to build or load a model."""
-    import transformers
-
-    def boom(*args, **kwargs):
-        raise AssertionError("a model was built before the config was validated")
-
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", boom)
-    monkeypatch.setattr("mrl_lightning.recipes.tiny.TinyCausalLM.materialize", boom)
+    forbid_model_build(monkeypatch)
 
 
 def _policy_args(cfg, index=0):

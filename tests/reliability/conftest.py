@@ -15,13 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 E2E = Path(__file__).resolve().parents[1] / "e2e"
 if str(E2E) not in sys.path:  # e2e_configs and e2e_rewards (class_path in the tiny config)
     sys.path.insert(0, str(E2E))
 
-from e2e_configs import tiny_config  # noqa: E402
+from e2e_configs import write_tiny_config as write_tiny_config_file  # noqa: E402
 
 CORPUS = ["Calculate 12 + 34.\nAnswer: 46", "What is 7 - 5?\nAnswer: 2", "Name the capital of France."]
 
@@ -62,11 +61,6 @@ def write_tiny_config(tmp_path):
     """Write the tiny two-family end-to-end config (optionally modified) and return its path."""
 
     def _write(name: str = "tiny.yaml", modify=None, **kwargs) -> Path:
-        cfg = tiny_config(tmp_path / "cache", tmp_path / "runs", **kwargs)
-        if modify is not None:
-            modify(cfg)
-        path = tmp_path / name
-        path.write_text(yaml.safe_dump(cfg))
-        return path
+        return write_tiny_config_file(tmp_path, name, modify, **kwargs)
 
     return _write

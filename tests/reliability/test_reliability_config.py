@@ -11,17 +11,13 @@ from mrl_lightning import hub
 from mrl_lightning.cli import main
 from mrl_lightning.errors import ConfigError
 
+from e2e_configs import forbid_model_build  # tests/e2e, on sys.path through this folder's conftest
+
 
 @pytest.fixture
 def no_model_build(monkeypatch):
     """Fail loudly if anything builds or loads a model (config errors come first)."""
-    import transformers
-
-    def boom(*args, **kwargs):
-        raise AssertionError("a model was built before the config was checked")
-
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", boom)
-    monkeypatch.setattr("mrl_lightning.recipes.tiny.TinyCausalLM.materialize", boom)
+    forbid_model_build(monkeypatch)
 
 
 def _fit_error(capsys, *argv) -> str:
