@@ -38,7 +38,7 @@ def run(name: str, out: Path, steps: int, extra: list[str]) -> tuple[Path, float
     """One ``mrl fit`` of the default; returns its run folder and wall seconds."""
     args = [sys.executable, "-m", "mrl_lightning.cli", "fit", "--config", str(REPO / "configs" / "default.yaml"),
             "--trainer.max_steps", str(steps), "--trainer.eval_every_n_steps", str(steps + 1),
-            "--trainer.checkpoint_every_n_steps", "0", "--trainer.log_every_n_steps", "1",
+            "--trainer.checkpoint_every_n_steps", "0",
             "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(out / name),
             "--trainer.version", "run", *extra]
     print(f"[{name}] {' '.join(args[3:])}", flush=True)
@@ -70,14 +70,25 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def agreement(a: list[tuple[int, float, float]], b: list[tuple[int, float, float]], window: int = 20) -> dict:
-    """How two reward curves agree: equal prefix, and |difference| of window means."""
-    va, vb = [x[2] for x in a], [x[2] for x in b]
-    n = min(len(va), len(vb))
-    prefix = next((i for i in range(n) if va[i] != vb[i]), n)
-    diffs = [abs(mean(va[i:i + window]) - mean(vb[i:i + window])) for i in range(0, n, window)]
-    return {"steps_identical": prefix, "window_mean_abs_diff": mean(diffs), "window_max_abs_diff": max(diffs),
-            "mean_a": mean(va), "mean_b": mean(vb)}
+def agreement(a: list[tuple[int, float, float]], b: list[tuple[int, float, float]], window: int = 50) -> dict:
+    """How two reward curves agree: the last step up to which they are identical, and
+    |difference| of their means over windows of ``window`` steps.
+
+    Each point is one logged value (the mean over ``log_every_n_steps`` steps, 10 in the default).
+    """
+    va, vb = {x[0]: x[2] for x in a}, {x[0]: x[2] for x in b}
+    steps = sorted(set(va) & set(vb))
+    first_diff = next((s for s in steps if va[s] != vb[s]), None)
+    identical_to = max((s for s in steps if first_diff is None or s < first_diff), default=0)
+    buckets: dict[int, tuple[list[float], list[float]]] = {}
+    for s in steps:
+        buckets.setdefault((s - 1) // window, ([], []))
+        buckets[(s - 1) // window][0].append(va[s])
+        buckets[(s - 1) // window][1].append(vb[s])
+    diffs = [abs(mean(x) - mean(y)) for x, y in buckets.values()]
+    return {"identical_to_step": identical_to, "window_steps": window, "window_mean_abs_diff": mean(diffs),
+            "window_max_abs_diff": max(diffs), "mean_a": mean([va[s] for s in steps]),
+            "mean_b": mean([vb[s] for s in steps])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     for tag in sorted(t for t in a if t.startswith("rollout/") and t.endswith("/reward_mean")):
         agree = agreement(a[tag], b[tag])
         summary["reward_agreement"][tag] = agree
-        print(f"  {tag}: identical for the first {agree['steps_identical']} steps; 20-step means differ by "
+        print(f"  {tag}: identical up to step {agree['identical_to_step']}; {agree['window_steps']}-step means differ by "
               f"{agree['window_mean_abs_diff']:.3f} on average (max {agree['window_max_abs_diff']:.3f}); "
               f"run means {agree['mean_a']:.3f} vs {agree['mean_b']:.3f}")
     (args.out / "mwra.json").write_text(json.dumps(summary, indent=2))

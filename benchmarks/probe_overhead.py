@@ -40,7 +40,7 @@ def run(arm: str, out: Path, steps: int, threads: int) -> Path:
             "--config", str(REPO / "callbacks" / f"{arm}.yaml"), "--trainer.devices", "1",
             "--trainer.placement", "colocated", "--trainer.num_threads", str(threads),
             "--trainer.max_steps", str(steps), "--trainer.eval_every_n_steps", str(steps + 1),
-            "--trainer.checkpoint_every_n_steps", "0", "--trainer.log_every_n_steps", "1",
+            "--trainer.checkpoint_every_n_steps", "0",
             "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(out / arm),
             "--trainer.version", "run"]
     print(f"[{arm}] {' '.join(args[3:])}", flush=True)

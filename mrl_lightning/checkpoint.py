@@ -4,12 +4,16 @@ LightningCLI reads ``--ckpt_path`` with ``torch.load(weights_only=True)`` before
 building anything, so a checkpoint holds only tensors, numbers, strings,
 lists, tuples and dicts: no custom classes. Writes go to a temporary file in the same
 folder, are flushed to disk, then renamed over the target, so a crash mid-write never
-corrupts the last good checkpoint.
+corrupts the last good checkpoint. With ``compress`` the file is the same ``torch.save``
+bytes through gzip (zlib level 1): lossless, so resume stays exact; :func:`load_checkpoint`
+tells the two apart by the gzip magic bytes, so either kind resumes whatever the setting.
 """
 
 from __future__ import annotations
 
 import errno
+import gzip
+import io
 import os
 import tempfile
 from pathlib import Path
@@ -20,14 +24,33 @@ import torch
 from mrl_lightning.errors import ConfigError
 
 
-def atomic_save(obj: Any, path: str | Path) -> None:
-    """``torch.save`` to ``path`` atomically (temp file + fsync + rename)."""
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def atomic_save(obj: Any, path: str | Path, compress: bool = False) -> None:
+    """``torch.save`` to ``path`` atomically (temp file + fsync + rename).
+
+    Args:
+        obj: Weights-only-loadable values (tensors, numbers, strings, containers).
+        path: Target file; its folder is created.
+        compress: Write the bytes through gzip (zlib level 1). Lossless; float32 weights and
+            AdamW moments shrink by ~9% (docs/loop.md, "Checkpoints"), at ~25-30 MB/s of
+            checkpoint on one core of the reference CPU.
+
+    Raises:
+        OSError: the disk filled up mid-write (``ENOSPC``; the message names the file, says
+            the previous checkpoint is untouched and how to resume), or any other write error.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            torch.save(obj, fh)
+            if compress:
+                with gzip.GzipFile(fileobj=fh, mode="wb", compresslevel=1, mtime=0) as stream:
+                    torch.save(obj, stream)
+            else:
+                torch.save(obj, fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -80,7 +103,13 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"ckpt_path={str(path)!r} does not exist. {hint}")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with open(path, "rb") as fh:
+            compressed = fh.read(2) == GZIP_MAGIC
+        if compressed:  # written with compress=True: the torch.save bytes, gzipped
+            with gzip.open(path, "rb") as stream:
+                state = torch.load(io.BytesIO(stream.read()), map_location="cpu", weights_only=True)
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same advice
         raise CheckpointError(
             f"ckpt_path={str(path)!r} could not be read ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'empty or truncated file'}). "

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from mrl_lightning.checkpoint import load_checkpoint
 from mrl_lightning.cli import main
 
 
@@ -32,7 +33,7 @@ def test_fit_two_steps_writes_config_checkpoint_events_and_changes_every_paramet
     assert (run / "checkpoints" / "last.ckpt").is_file()
     assert list(run.glob("events.out.tfevents.*")), "no TensorBoard events written"
 
-    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    state = load_checkpoint(run / "checkpoints" / "last.ckpt")
     assert state["counters"]["global_step"] == 2
     cache = config.parent / "cache" / "models"
     for name, folder in (("gpt2", "gpt2-*"), ("llama", "llama-*")):
@@ -65,14 +66,17 @@ def test_tensorboard_has_per_policy_and_probe_tags(write_config):
 
 
 def test_resume_continues_with_identical_state(write_config, tmp_path):
-    straight = write_config("straight.yaml", modify=lambda c: c["trainer"].update(max_steps=4, version="straight", keep_checkpoints=10))
+    # the straight run writes compressed checkpoints, the resumed one plain ones: both resume exactly
+    straight = write_config("straight.yaml", modify=lambda c: c["trainer"].update(
+        max_steps=4, version="straight", keep_checkpoints=10, compress_checkpoints=True))
     run = _fit(straight)
     mid = run / "checkpoints" / "step=2.ckpt"
-    assert mid.is_file()
+    assert mid.read_bytes()[:2] == b"\x1f\x8b", "compress_checkpoints: true wrote no gzip file"
     resumed_cfg = write_config("resumed.yaml", modify=lambda c: c["trainer"].update(max_steps=4, version="resumed"))
     resumed = _fit(resumed_cfg, "--ckpt_path", str(mid))
-    a = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
-    b = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)
+    a = load_checkpoint(run / "checkpoints" / "last.ckpt")
+    b = load_checkpoint(resumed / "checkpoints" / "last.ckpt")
+    assert (resumed / "checkpoints" / "last.ckpt").read_bytes()[:2] != b"\x1f\x8b"
     assert a["counters"] == b["counters"]
     for name in a["policies"]:
         for key, value in a["policies"][name]["model"].items():

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from mrl_lightning.checkpoint import load_checkpoint
 from mrl_lightning.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,7 +37,7 @@ def test_gsm8k_tiny_runs_two_steps_and_writes_checkpoint_and_eval_tags(tmp_path,
     saved = (run / "config.yaml").read_text()
     assert "MathVerifyReward" in saved and "MathDataModule" in saved and "max_steps: 2" in saved
 
-    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    state = load_checkpoint(run / "checkpoints" / "last.ckpt")
     assert state["counters"]["global_step"] == 2
     assert set(state["policies"]) == {"gpt2", "llama"}
 

@@ -61,15 +61,49 @@ def test_disk_full_mid_checkpoint_keeps_the_last_good_one_loadable(write_tiny_co
     assert main(["fit", "--config", str(resumed), "--ckpt_path", str(folder / "last.ckpt")]) == 0
 
 
-def test_atomic_save_leaves_no_partial_file_and_keeps_the_old_one(tmp_path, monkeypatch):
+@pytest.mark.parametrize("compress", [False, True])
+def test_atomic_save_leaves_no_partial_file_and_keeps_the_old_one(tmp_path, monkeypatch, compress):
     path = tmp_path / "last.ckpt"
-    atomic_save({"format": "mrl-lightning", "version": FORMAT_VERSION, "x": torch.zeros(10)}, path)
+    atomic_save({"format": "mrl-lightning", "version": FORMAT_VERSION, "x": torch.zeros(10)}, path, compress=compress)
     real_save = torch.save
     monkeypatch.setattr(ckpt.torch, "save", lambda obj, fh: real_save(obj, _FullDisk(fh, room=100)))
     with pytest.raises(OSError, match="No space left on device while writing"):
-        atomic_save({"x": torch.ones(100_000)}, path)
+        atomic_save({"x": torch.randn(100_000)}, path, compress=compress)
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
-    assert torch.equal(torch.load(path, weights_only=True)["x"], torch.zeros(10))
+    assert torch.equal(load_checkpoint(path)["x"], torch.zeros(10))
+
+
+def _adam_like_state() -> dict:
+    """Float32 weights and AdamW moments of a trained-looking layer (mantissas are noise)."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(256, 128, generator=g) * 0.02
+    return {"format": "mrl-lightning", "version": FORMAT_VERSION, "counters": {"global_step": 7},
+            "policies": {"p": {"model": {"w": w, "tied": w},
+                               "optimizer": {"exp_avg": torch.randn(256, 128, generator=g) * 1e-3,
+                                             "exp_avg_sq": torch.rand(256, 128, generator=g) * 1e-6}}}}
+
+
+def test_compressed_checkpoint_is_smaller_and_loads_bit_for_bit(tmp_path):
+    state = _adam_like_state()
+    plain, packed = tmp_path / "plain.ckpt", tmp_path / "packed.ckpt"
+    atomic_save(state, plain)
+    atomic_save(state, packed, compress=True)
+    assert packed.read_bytes()[:2] == b"\x1f\x8b" and plain.read_bytes()[:2] != b"\x1f\x8b"
+    assert packed.stat().st_size < 0.95 * plain.stat().st_size
+    back = load_checkpoint(packed)
+    assert back["counters"] == {"global_step": 7}
+    for part in ("model", "optimizer"):
+        for key, value in state["policies"]["p"][part].items():
+            assert torch.equal(back["policies"]["p"][part][key], value), f"{part}.{key} changed"
+    assert back["policies"]["p"]["model"]["w"].data_ptr() == back["policies"]["p"]["model"]["tied"].data_ptr()
+
+
+def test_truncated_compressed_checkpoint_is_a_clear_error(tmp_path):
+    path = tmp_path / "last.ckpt"
+    atomic_save(_adam_like_state(), path, compress=True)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="truncated, corrupted"):
+        load_checkpoint(path)
 
 
 def test_checkpoint_from_a_newer_format_is_refused_naming_the_upgrade(tmp_path):
