@@ -1,11 +1,13 @@
 """Speed against TRL: one GRPO policy, same model, data, reward and settings, in one process.
 
     pip install -e '.[bench]'           # adds trl
-    python benchmarks/vs_trl.py --steps 30 --threads 2
+    python benchmarks/vs_trl.py --steps 30 --threads 2 --rounds 3
 
 Builds one tiny GPT-2 (2 layers, width 128, byte-level BPE tokenizer trained on the task
 text, as in the embedded default) into a temporary folder, then trains it for ``--steps``
-steps with each trainer, one after the other, starting from the same weights:
+steps with each trainer, one after the other, starting from the same weights, and does
+that ``--rounds`` times (TRL, ours, TRL, ours, ...), so that a change of the machine's
+speed during the invocation hits both trainers alike:
 
 - TRL's ``GRPOTrainer`` (``use_cpu=True``),
 - this project's loop (``MRLTrainer`` with one ``PolicyModule`` and the ``none`` probe),
@@ -14,7 +16,8 @@ both with 16 prompts x 8 completions per step (reasoning-gym 1-2 digit addition 
 subtraction, rendered as ``"{question}\\nAnswer:"``), at most 8 new tokens, temperature 1,
 ``loss_type: dapo``, ``beta: 0``, AdamW at 3e-4, one iteration per batch, and the same
 strict reward (reasoning-gym's verifier, 1 only for an exact answer). It prints the median
-seconds per step of each after ``--warmup`` steps, their ratio (ours / TRL's), and where
+seconds per step of each over every round's steps after ``--warmup``, their ratio (ours /
+TRL's; also per round), and where
 each spends its time: sampling (``generate``), log-prob forwards, backward passes, and the
 rest. Time it alone on the machine.
 """
@@ -48,9 +51,11 @@ class Timers:
         self.total: dict[str, float] = defaultdict(float)
         self.steps: list[dict[str, float]] = []
         self._start = 0.0
+        self._wrapped: list[tuple[object, str, object]] = []
 
     def wrap(self, obj, attr: str, label: str) -> None:
         original = getattr(obj, attr)
+        self._wrapped.append((obj, attr, obj.__dict__.get(attr, original) if hasattr(obj, "__dict__") else original))
 
         def timed(*args, **kwargs):
             t0 = time.perf_counter()
@@ -60,6 +65,12 @@ class Timers:
                 self.total[label] += time.perf_counter() - t0
 
         setattr(obj, attr, timed)
+
+    def unwrap(self) -> None:
+        """Put the wrapped methods back (the next round wraps the originals, not these wrappers)."""
+        for obj, attr, original in reversed(self._wrapped):
+            setattr(obj, attr, original)
+        self._wrapped.clear()
 
     def begin(self) -> None:
         self.total.clear()
@@ -134,7 +145,10 @@ def run_trl(folder: Path, data, steps: int, threads: int, out: Path) -> Timers:
             timers.end()
 
     trainer.add_callback(StepTimer())
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        timers.unwrap()
     return timers
 
 
@@ -176,11 +190,13 @@ def run_ours(folder: Path, data, steps: int, threads: int, out: Path) -> Timers:
         trainer.fit(system, data)
     finally:
         trainer._evaluate = original_eval
+        timers.unwrap()
     return timers
 
 
-def summarize(name: str, timers: Timers, warmup: int) -> dict[str, float]:
-    rows = timers.steps[warmup:]
+def summarize(name: str, runs: list[Timers], warmup: int) -> dict[str, float]:
+    """Medians over the timed steps of every round (each round's first ``warmup`` steps left out)."""
+    rows = [row for timers in runs for row in timers.steps[warmup:]]
     out = {"step": statistics.median(r["step"] for r in rows)}
     for key in ("sampling", "logprob_forward", "backward"):
         out[key] = statistics.median(r.get(key, 0.0) for r in rows)
@@ -193,25 +209,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5, help="first steps left out of the medians")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for both")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="TRL then ours, this many times; medians pool every round's timed steps")
     args = parser.parse_args(argv)
     try:
         import trl  # noqa: F401
     except ImportError:
         raise SystemExit("trl is not installed: pip install -e '.[bench]'") from None
+    runs: dict[str, list[Timers]] = {"trl": [], "ours": []}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        data = data_module()
-        build_model(out / "model", data)
+        build_model(out / "model", data_module())
         with contextlib.redirect_stdout(sys.stderr):
-            trl_timers = run_trl(out / "model", data, args.steps, args.threads, out)
-            our_timers = run_ours(out / "model", data, args.steps, args.threads, out)
-    results = {"trl": summarize("trl", trl_timers, args.warmup), "ours": summarize("ours", our_timers, args.warmup)}
-    print(f"median seconds per step over steps {args.warmup + 1}-{args.steps}, {args.threads} thread(s), "
-          "16 prompts x 8 completions, 8 new tokens, dapo, beta 0:")
+            for round_ in range(args.rounds):  # TRL, ours, TRL, ours, ...: a drift of the machine's speed hits both
+                runs["trl"].append(run_trl(out / "model", data_module(), args.steps, args.threads, out / f"r{round_}"))
+                runs["ours"].append(run_ours(out / "model", data_module(), args.steps, args.threads, out / f"r{round_}"))
+    results = {name: summarize(name, timers, args.warmup) for name, timers in runs.items()}
+    per_round = [summarize("ours", [o], args.warmup)["step"] / summarize("trl", [t], args.warmup)["step"]
+                 for t, o in zip(runs["trl"], runs["ours"])]
+    print(f"median seconds per step over steps {args.warmup + 1}-{args.steps} of {args.rounds} alternating round(s), "
+          f"{args.threads} thread(s), 16 prompts x 8 completions, 8 new tokens, dapo, beta 0:")
     print(f"{'':6s} {'step':>7s} {'sampling':>9s} {'logp fwd':>9s} {'backward':>9s} {'rest':>7s}")
     for name, r in results.items():
         print(f"{name:6s} {r['step']:7.3f} {r['sampling']:9.3f} {r['logprob_forward']:9.3f} {r['backward']:9.3f} "
               f"{r['rest']:7.3f}")
+    print("ratio per round: " + ", ".join(f"{r:.2f}" for r in per_round))
     print(f"ratio ours / TRL: {results['ours']['step'] / results['trl']['step']:.2f}")
     return 0
 

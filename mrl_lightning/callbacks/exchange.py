@@ -140,9 +140,9 @@ class SharedExperienceExchange(MRLCallback):
         rewards_all, success_all = scored.rewards.tolist(), scored.success.tolist()
         verifier_all = scored.verifier_rewards.tolist()
         for b, item in enumerate(scored.items):
-            rewards = scored.rewards[b]
-            valid = rewards[~torch.isnan(rewards)]
             if "group_stats" in self.record_types:
+                rewards = scored.rewards[b]
+                valid = rewards[~torch.isnan(rewards)]
                 out.append(GroupStatsRecord(
                     prompt_id=item.prompt_id, source=scored.policy, step=step, n=int(valid.numel()),
                     reward_mean=float(valid.mean()) if valid.numel() else float("nan"),

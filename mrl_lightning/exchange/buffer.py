@@ -56,15 +56,19 @@ def _norm(value: Any) -> Any:
     return value
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 def record_key(record: Record) -> tuple:
     """Hashable identity of a record: its type and every field (NaN compares equal).
 
     Field values are used as they are (tuples included), except that NaN floats are
     replaced by a sentinel, so two records with NaN rewards deduplicate.
     """
-    return (record.record_type,) + tuple(
-        _norm(getattr(record, f.name)) for f in dataclasses.fields(record)
-    )
+    names = _FIELD_NAMES.get(type(record))
+    if names is None:  # dataclasses.fields() rebuilds its tuple on every call: once per class
+        names = _FIELD_NAMES[type(record)] = tuple(f.name for f in dataclasses.fields(record))
+    return (record.record_type,) + tuple([_norm(getattr(record, name)) for name in names])
 
 
 def _success_key(record: SuccessRecord) -> tuple:

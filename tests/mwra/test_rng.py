@@ -21,6 +21,14 @@ def test_sampling_stream_depends_on_its_key_not_on_what_ran_before():
     assert not torch.equal(a, c) and not torch.equal(a, d)
 
 
+def test_sampling_stream_is_the_stream_of_torch_manual_seed():
+    """The CPU generator is seeded as ``torch.manual_seed`` seeds it (runs before this change sample alike)."""
+    with sampling_rng(2024):
+        inside = torch.rand(5)
+    torch.manual_seed(2024)
+    assert torch.equal(inside, torch.rand(5))
+
+
 def test_sampling_leaves_the_cpu_generator_as_it_was():
     before = torch.get_rng_state()
     with sampling_rng(123):
@@ -45,10 +53,9 @@ def test_sampling_restores_every_cuda_device_generator(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_rng_state", set_state)
     monkeypatch.setattr(torch.cuda, "manual_seed_all", seed_all)
     monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: False)
-    with sampling_rng(5):
-        torch.cuda.manual_seed_all(5)
-        assert states[1].item() == 99
-    assert states[0].item() == 1 and states[1].item() == 2
+    with sampling_rng(5):  # every device's generator is seeded inside ...
+        assert states[0].item() == 99 and states[1].item() == 99
+    assert states[0].item() == 1 and states[1].item() == 2  # ... and restored after
 
 
 def test_rng_state_round_trips_and_reports_cuda_it_cannot_restore():
