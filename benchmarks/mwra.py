@@ -1,9 +1,10 @@
 """MWRA benchmark: the embedded default colocated (1 process) vs disjoint (1 process per policy).
 
-    python benchmarks/mwra.py --steps 300 --out runs/bench_mwra
+    python benchmarks/mwra.py --steps 300 --rounds 3 --out runs/bench_mwra
 
 runs ``mrl fit --config configs/default.yaml`` twice, one after the other, with the same
-seed and step budget (no evaluation or checkpoint inside the window, so only training
+seed and step budget, and that ``--rounds`` times (colocated, disjoint, colocated, ...: a
+change of the machine's speed during the invocation then hits both placements alike) (no evaluation or checkpoint inside the window, so only training
 steps are timed):
 
 - colocated: one process, ``--trainer.num_threads`` = all cores (2 here), the policies'
@@ -13,7 +14,7 @@ steps are timed):
 
 It prints the seconds per training step of each (wall time between the logged steps
 ``--skip`` and ``--steps``, read from TensorBoard, so start-up and warm-start are not
-counted), their ratio, each worker's time per phase (``mwra/<policy>/rollout_s``,
+counted; the median over rounds, and each round's), their ratio, each worker's time per phase (``mwra/<policy>/rollout_s``,
 ``update_s``, ``wait_s``) and how far the two runs' reward curves agree (the runs use
 different thread counts, so float rounding differs and sampled tokens part ways after a
 while; the curves should still agree in level). A JSON summary goes to ``<out>/mwra.json``.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -97,25 +99,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", type=int, default=10, help="first steps left out of the timing")
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench_mwra")
     parser.add_argument("--policies", type=int, default=2, help="policies in the default config")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="colocated then disjoint, this many times; the step times are medians over rounds")
     args = parser.parse_args(argv)
     if args.out.exists() and any(args.out.iterdir()):
         raise SystemExit(f"--out {args.out} is not empty; pick a new folder.")
     args.out.mkdir(parents=True, exist_ok=True)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    colocated, t_colo = run("colocated", args.out, args.steps, ["--trainer.devices", "1", "--trainer.placement",
-                                                                "colocated", "--trainer.num_threads", str(cores)])
-    disjoint, t_disj = run("disjoint", args.out, args.steps, [
-        "--trainer.devices", str(args.policies), "--trainer.strategy", "ddp", "--trainer.placement", "disjoint",
-        "--trainer.num_threads", str(max(1, cores // args.policies))])
-    a, b = read(colocated), read(disjoint)
-    step_a, step_b = seconds_per_step(a, args.skip), seconds_per_step(b, args.skip)
-    summary = {"steps": args.steps, "cores": cores, "colocated_s_per_step": step_a, "disjoint_s_per_step": step_b,
-               "speedup": step_a / step_b, "wall_s": {"colocated": t_colo, "disjoint": t_disj},
-               "phases": {}, "reward_agreement": {}}
-    print(f"\nseconds per training step (steps {args.skip}-{args.steps}, {cores} cores):")
-    print(f"  colocated, 1 process x {cores} threads : {step_a:.3f}")
-    print(f"  disjoint, {args.policies} processes x {max(1, cores // args.policies)} thread(s): {step_b:.3f}")
+    colocated_args = ["--trainer.devices", "1", "--trainer.placement", "colocated", "--trainer.num_threads", str(cores)]
+    disjoint_args = ["--trainer.devices", str(args.policies), "--trainer.strategy", "ddp", "--trainer.placement",
+                     "disjoint", "--trainer.num_threads", str(max(1, cores // args.policies))]
+    rounds = []  # colocated, disjoint, colocated, ...: a drift of the machine's speed hits both placements
+    for r in range(args.rounds):
+        suffix = f"_{r}" if args.rounds > 1 else ""
+        colocated, t_colo = run(f"colocated{suffix}", args.out, args.steps, colocated_args)
+        disjoint, t_disj = run(f"disjoint{suffix}", args.out, args.steps, disjoint_args)
+        rounds.append({"colocated": colocated, "disjoint": disjoint, "wall_s": {"colocated": t_colo, "disjoint": t_disj}})
+    for r in rounds:
+        r["scalars"] = {k: read(r[k]) for k in ("colocated", "disjoint")}
+        r["s_per_step"] = {k: seconds_per_step(v, args.skip) for k, v in r["scalars"].items()}
+    step_a = statistics.median(r["s_per_step"]["colocated"] for r in rounds)
+    step_b = statistics.median(r["s_per_step"]["disjoint"] for r in rounds)
+    per_round = [r["s_per_step"]["colocated"] / r["s_per_step"]["disjoint"] for r in rounds]
+    a, b = rounds[0]["scalars"]["colocated"], rounds[0]["scalars"]["disjoint"]
+    summary = {"steps": args.steps, "cores": cores, "rounds": args.rounds, "colocated_s_per_step": step_a,
+               "disjoint_s_per_step": step_b, "speedup": step_a / step_b, "speedup_per_round": per_round,
+               "s_per_step_per_round": [r["s_per_step"] for r in rounds],
+               "wall_s": [r["wall_s"] for r in rounds], "phases": {}, "reward_agreement": {}}
+    print(f"\nseconds per training step (steps {args.skip}-{args.steps}, {cores} cores; median of {args.rounds} "
+          "alternating round(s)):")
+    print(f"  colocated, 1 process x {cores} threads : {step_a:.3f}   per round: "
+          + ", ".join(f"{r['s_per_step']['colocated']:.3f}" for r in rounds))
+    print(f"  disjoint, {args.policies} processes x {max(1, cores // args.policies)} thread(s): {step_b:.3f}   per round: "
+          + ", ".join(f"{r['s_per_step']['disjoint']:.3f}" for r in rounds))
+    print("  speed-up per round: " + ", ".join(f"{x:.2f}x" for x in per_round))
     print(f"  disjoint speed-up: {step_a / step_b:.2f}x\n")
+    if args.rounds > 1:
+        print("per worker and reward curves: the first round")
     print(f"{'run':10s} {'policy':8s} {'rollout_s':>10s} {'update_s':>10s} {'wait_s':>8s} {'peak GiB':>9s}")
     for label, scalars in (("colocated", a), ("disjoint", b)):
         for tag in sorted(t for t in scalars if t.startswith("mwra/") and t.endswith("/rollout_s")):
