@@ -63,9 +63,23 @@ def read(folder: Path) -> dict[str, list[tuple[int, float, float]]]:
 
 
 def seconds_per_step(scalars: dict, skip: int) -> float:
+    """Wall seconds per step from the first logged step >= ``skip`` to the last one.
+
+    Raises:
+        SystemExit: fewer than two logged steps from ``skip`` on (a run too short for its log interval).
+    """
     series = [x for x in scalars["train/step_time_s"] if x[0] >= skip]
+    if len(series) < 2:
+        raise SystemExit(f"only {len(series)} logged step(s) at or after --skip {skip}: run more --steps (values are "
+                         "logged every log_every_n_steps steps, 10 in the default).")
     (s0, t0, _), (s1, t1, _) = series[0], series[-1]
     return (t1 - t0) / (s1 - s0)
+
+
+def after(series: list[tuple[int, float, float]], skip: int) -> list[float]:
+    """Values logged for windows that start after step ``skip`` (a value logged at step k is the
+    mean over the log interval ending at k, so the window ending at ``skip`` is left out)."""
+    return [x[2] for x in series if x[0] > skip]
 
 
 def mean(values: list[float]) -> float:
@@ -140,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     for label, scalars in (("colocated", a), ("disjoint", b)):
         for tag in sorted(t for t in scalars if t.startswith("mwra/") and t.endswith("/rollout_s")):
             policy = tag.split("/")[1]
-            row = {k: mean([x[2] for x in scalars[f"mwra/{policy}/{k}"] if x[0] >= args.skip])
+            row = {k: mean(after(scalars[f"mwra/{policy}/{k}"], args.skip))
                    for k in ("rollout_s", "update_s", "wait_s")}
             row["peak_memory_gib"] = scalars[f"mwra/{policy}/peak_memory_gib"][-1][2]
             summary["phases"].setdefault(label, {})[policy] = row

@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from mwra import mean, read, seconds_per_step  # noqa: E402  (benchmarks/mwra.py)
+from mwra import after, mean, read, seconds_per_step  # noqa: E402  (benchmarks/mwra.py)
 
 ARMS = ("none", "sgt", "xgrpo", "prp")
 
@@ -56,7 +56,7 @@ def run(arm: str, out: Path, steps: int, threads: int, suffix: str = "") -> Path
 def per_step(scalars: dict, suffix: str, skip: int) -> float:
     """Sum over policies of the mean per-step value of ``<prefix>/<policy>/<suffix>`` tags."""
     tags = [t for t in scalars if t.endswith("/" + suffix)]
-    return sum(mean([x[2] for x in scalars[t] if x[0] >= skip]) for t in tags)
+    return sum(mean(after(scalars[t], skip)) for t in tags)
 
 
 def main(argv: list[str] | None = None) -> int:

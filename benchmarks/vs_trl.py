@@ -51,11 +51,12 @@ class Timers:
         self.total: dict[str, float] = defaultdict(float)
         self.steps: list[dict[str, float]] = []
         self._start = 0.0
-        self._wrapped: list[tuple[object, str, object]] = []
+        self._wrapped: list[tuple[object, str, object, bool]] = []
 
     def wrap(self, obj, attr: str, label: str) -> None:
         original = getattr(obj, attr)
-        self._wrapped.append((obj, attr, obj.__dict__.get(attr, original) if hasattr(obj, "__dict__") else original))
+        own = attr in getattr(obj, "__dict__", {})  # defined on obj itself, or inherited / a class method
+        self._wrapped.append((obj, attr, obj.__dict__[attr] if own else None, own))
 
         def timed(*args, **kwargs):
             t0 = time.perf_counter()
@@ -68,8 +69,11 @@ class Timers:
 
     def unwrap(self) -> None:
         """Put the wrapped methods back (the next round wraps the originals, not these wrappers)."""
-        for obj, attr, original in reversed(self._wrapped):
-            setattr(obj, attr, original)
+        for obj, attr, original, own in reversed(self._wrapped):
+            if own:
+                setattr(obj, attr, original)
+            else:
+                delattr(obj, attr)
         self._wrapped.clear()
 
     def begin(self) -> None:

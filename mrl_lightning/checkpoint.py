@@ -1,8 +1,9 @@
 """Atomic checkpoints holding only weights-only-loadable values (docs/loop.md, "Checkpoints").
 
-LightningCLI reads ``--ckpt_path`` with ``torch.load(weights_only=True)`` before
-building anything, so a checkpoint holds only tensors, numbers, strings,
-lists, tuples and dicts: no custom classes. Writes go to a temporary file in the same
+A checkpoint holds only tensors, numbers, strings, lists, tuples and dicts (no custom
+classes), so it loads with ``torch.load(weights_only=True)``: :func:`load_checkpoint` reads
+``--ckpt_path`` that way before any model is built (LightningCLI's own read is skipped,
+``fit_cli``). Writes go to a temporary file in the same
 folder, are flushed to disk, then renamed over the target, so a crash mid-write never
 corrupts the last good checkpoint. With ``compress`` the file is the same ``torch.save``
 bytes through gzip (zlib level 1): lossless, so resume stays exact; :func:`load_checkpoint`

@@ -486,7 +486,11 @@ class MRLTrainer:
                     f"policy {name!r}: the checkpoint's weights do not fit the configured model "
                     f"({str(exc).splitlines()[0]} ...); resume with the config the checkpoint was made with."
                 ) from exc
-            self._modules[name][1].load_state_dict(state["policies"][name]["optimizer"])
+            optimizer = self._modules[name][1]
+            foreach = [group.get("foreach") for group in optimizer.param_groups]
+            optimizer.load_state_dict(state["policies"][name]["optimizer"])
+            for group, value in zip(optimizer.param_groups, foreach):  # the saved groups carry the writer's choice
+                group["foreach"] = value
         missing = [cb.state_key for cb in self.callbacks if cb.state_key not in state["callbacks"]]
         dropped = [key for key in state["callbacks"] if key not in {cb.state_key for cb in self.callbacks}]
         if missing or dropped:

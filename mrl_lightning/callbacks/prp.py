@@ -8,10 +8,13 @@ rendered prompt and maps j's sampling log-probs onto those tokens
 
 1. Advantages over the pooled group own G + peer M (:func:`prp_pooled_advantages`, the
    policy's ``scale_rewards``, eps 1e-4): the own part replaces ``batch.advantages``.
-2. i's log-probs of the peer tokens are computed once, without gradient, when the batch
-   is composed (``logp_recv``); the peer loss is the decoupled-PPO surrogate of the
-   module :mod:`mrl_lightning.probes.prp` with weights ``is_mode`` / ``is_level`` / ``c``,
-   appended to ``batch.aux_losses`` and weighted by ``lambda_prp``.
+2. i's log-probs of the peer tokens before the update (``logp_recv``) are taken, detached,
+   from the peer loss's own first forward pass (the weights have not moved yet then, so
+   they equal a separate no-gradient pass bit for bit, at no extra forward); later inner
+   iterations reuse them. The peer loss is the decoupled-PPO surrogate of the module
+   :mod:`mrl_lightning.probes.prp` with weights ``is_mode`` / ``is_level`` / ``c``, appended
+   to ``batch.aux_losses`` and weighted by ``lambda_prp``. With ``lambda_prp = 0`` (no loss)
+   ``logp_recv`` is computed when the batch is composed, for the weight metrics alone.
 
 Normalization (a choice made here): the peer token losses are aggregated with the
 *own* batch's normalizer for the policy's ``loss_type`` (own sequences for ``grpo`` and
@@ -95,6 +98,7 @@ class _PRPPeerLoss:
 
     def __init__(self, tensors: dict[str, Tensor], probe: PeerRolloutPooling, weight: float, batch, tag: str) -> None:
         self.t, self.probe, self.weight, self.batch, self.tag = tensors, probe, weight, batch, tag
+        self.weight_metrics: dict[str, float] = {}
 
     def __call__(self, policy, model) -> tuple[Tensor, dict[str, float]]:
         device = next(policy.model.parameters()).device
@@ -102,12 +106,16 @@ class _PRPPeerLoss:
         logp, _ = policy.completion_logprobs(t["prompt_ids"], t["prompt_mask"], t["completion_ids"],
                                              t["completion_mask"], model=model)
         p = self.probe
+        if "logp_recv" not in t:  # first call, before any optimizer step of this batch: the receiver's log-probs
+            recv = torch.where(t["completion_mask"], logp.detach().float(), torch.zeros_like(logp, dtype=torch.float32))
+            self.t["logp_recv"] = t["logp_recv"] = recv
+            self.weight_metrics = p.weight_metrics(recv.cpu(), self.t["logp_src"], self.t["loss_mask"], self.tag)
         losses = prp_token_losses(logp, t["logp_recv"], t["logp_src"], t["loss_mask"], t["advantages"],
                                   p.is_mode, p.is_level, p.c, policy.epsilon, policy.epsilon_high)
         # The own batch's normalizers, summed over the policy's ranks when data-parallel.
         loss = self.weight * own_unit_loss(losses, t["loss_mask"], policy.loss_type, int(self.batch.total("sequences")),
                                            self.batch.total("tokens"), policy.max_completion_length)
-        return loss, {f"{self.tag}/loss": float(loss.detach())}
+        return loss, {**self.weight_metrics, f"{self.tag}/loss": float(loss.detach())}
 
 
 class PeerRolloutPooling(MRLCallback):
@@ -313,20 +321,25 @@ class PeerRolloutPooling(MRLCallback):
         loss_mask = c_mask.clone()
         if policy.mask_truncated_completions:
             loss_mask &= torch.tensor([rec.finish_reason != "length" for _, _, rec in peers]).unsqueeze(1)
+        weight = self.lambda_per_policy.get(policy.policy_name, self.lambda_prp)
+        if weight > 0:  # the peer loss's first forward gives the receiver's log-probs and the weight metrics
+            if not batch.counts:  # composed outside the loop (tests): the own batch's normalizers
+                batch.counts.update(loss_counts(policy, scored.rollouts))
+            tensors = {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": c_ids, "completion_mask": c_mask,
+                       "loss_mask": loss_mask, "logp_src": logp_src, "advantages": advantages}
+            batch.aux_losses.append(_PRPPeerLoss(tensors, self, weight, batch, tag))
+            return
         fabric = getattr(trainer, "fabric", None)
         with fabric.autocast() if fabric is not None else contextlib.nullcontext():  # the update's precision
             logp_recv = self._receiver_logprobs(policy, p_ids, p_mask, c_ids, c_mask)
         logp_recv = torch.where(c_mask, logp_recv, torch.zeros_like(logp_recv))
-        for key, value in prp_weight_metrics(logp_recv, logp_src, loss_mask, self.is_mode, self.is_level,
-                                             self.c).items():
-            batch.metrics[f"{tag}/{key.removeprefix('probe/prp_')}"] = value
-        weight = self.lambda_per_policy.get(policy.policy_name, self.lambda_prp)
-        if weight > 0:
-            if not batch.counts:  # composed outside the loop (tests): the own batch's normalizers
-                batch.counts.update(loss_counts(policy, scored.rollouts))
-            tensors = {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": c_ids, "completion_mask": c_mask,
-                       "loss_mask": loss_mask, "logp_recv": logp_recv, "logp_src": logp_src, "advantages": advantages}
-            batch.aux_losses.append(_PRPPeerLoss(tensors, self, weight, batch, tag))
+        batch.metrics.update(self.weight_metrics(logp_recv, logp_src, loss_mask, tag))
+
+    def weight_metrics(self, logp_recv: Tensor, logp_src: Tensor, loss_mask: Tensor, tag: str) -> dict[str, float]:
+        """Importance-weight statistics of the pooled peer tokens, under ``<tag>/`` (``ess``, ``log_ratio_max``, ...)."""
+        return {f"{tag}/{key.removeprefix('probe/prp_')}": value
+                for key, value in prp_weight_metrics(logp_recv, logp_src, loss_mask, self.is_mode, self.is_level,
+                                                     self.c).items()}
 
     @staticmethod
     @torch.no_grad()

@@ -10,11 +10,11 @@ the context sees a generator change, so evaluation perturbs no training stream.
 ``torch.manual_seed`` seeds *every* CUDA device, while ``torch.random.fork_rng(devices=[])``
 restores only the CPU generator: forking the CPU alone and seeding would silently reset
 each GPU's sampling stream (two runs with different seeds would then sample alike on a
-GPU). :func:`sampling_rng` forks every visible device for that reason, and seeds exactly
-the generators it forks: the CPU one and each visible CUDA device's. (It does not call
-``torch.manual_seed``, which would also queue a seed for every other device type; on a host
-without those devices each queued call formats a stack trace, ~3 ms per rollout step of the
-default on the reference CPU.)
+GPU). :func:`sampling_rng` forks every visible device for that reason. On a CPU-only or
+CUDA host it seeds exactly the generators it forks, the CPU one and each visible CUDA
+device's, not through ``torch.manual_seed``, which would also queue a seed for every absent
+device type, formatting a stack trace each time (~3 ms per rollout step of the default on
+the reference CPU). On other accelerators (MPS, XPU) it calls ``torch.manual_seed``.
 """
 
 from __future__ import annotations
@@ -43,9 +43,13 @@ def sampling_rng(seed: int) -> Iterator[None]:
     """
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):
-        torch.default_generator.manual_seed(seed)
-        if devices:  # fork_rng has initialized CUDA: this seeds every visible device at once
-            torch.cuda.manual_seed_all(seed)
+        accelerator = torch.accelerator.current_accelerator()
+        if accelerator is None or accelerator.type == "cuda":
+            torch.default_generator.manual_seed(seed)
+            if devices:  # fork_rng has initialized CUDA: this seeds every visible device at once
+                torch.cuda.manual_seed_all(seed)
+        else:  # MPS, XPU, ...: every generator torch.manual_seed seeds, as for any other run
+            torch.manual_seed(seed)
         yield
 
 

@@ -151,7 +151,8 @@ def test_identical_policies_same_tokenizer_equal_grpo_with_twice_the_group(model
     assert batch.metrics["probe/prp/a/peers_pooled"] == 6.0
     assert batch.metrics["thl/prp/a/boundary_agreement"] == 1.0
     assert batch.metrics["thl/prp/a/round_trip_failures"] == 0.0
-    assert batch.metrics["probe/prp/a/log_ratio_abs_max"] < 1e-5  # same model: weights are 1
+    _, metrics = batch.aux_losses[0](a, a.model)  # its first forward gives the receiver's log-probs
+    assert metrics["probe/prp/a/log_ratio_abs_max"] < 1e-5  # same model: weights are 1
 
     # Reference: plain GRPO of policy a on the pooled group of 2G (own then peer per prompt).
     pooled_texts = [o + p for o, p in zip(OWN_TEXTS, PEER_TEXTS)]
@@ -204,14 +205,51 @@ def test_peer_loss_across_tokenizers_is_finite_and_moves_the_receiver(model_dirs
         batch = compose(PeerRolloutPooling(max_peers_per_prompt=3, is_mode=is_mode, c=2.0), a,
                         {"gpt2": a, "llama": b}, scored)
         assert batch.metrics["probe/prp/gpt2/peers_pooled"] == 6.0
-        assert 0.0 < batch.metrics["probe/prp/gpt2/ess"] <= 1.0
         assert batch.metrics["thl/prp/gpt2/max_conservation_error"] < 1e-5
         # Own all-fail group on prompt 1, peers with one success: own advantages turn negative.
         assert (batch.advantages[1] < 0).all()
         loss, metrics = batch.aux_losses[0](a, a.model)
         assert torch.isfinite(loss) and math.isfinite(metrics["probe/prp/gpt2/loss"])
+        assert 0.0 < metrics["probe/prp/gpt2/ess"] <= 1.0
         grads = grads_after_update(a, batch)
         assert torch.isfinite(grads).all() and grads.abs().sum() > 0
+
+
+def test_receiver_logprobs_come_from_the_first_forward_and_stay_fixed(model_dirs):
+    """``logp_recv`` is the first call's detached forward (bit-equal to a no-gradient pass with the
+    weights of that moment) and later inner iterations keep it, whatever the weights are then."""
+    a = built("gpt2", model_dirs["gpt2"], num_generations=3, max_grad_norm=None)
+    b = built("llama", model_dirs["llama"], num_generations=3, prompt_template="Q: {question}\nA:")
+    xs = items(2)
+    scored = {"gpt2": scored_from_texts(a, xs, OWN_TEXTS, [[0.0] * 3, [0.0] * 3]),
+              "llama": scored_from_texts(b, xs, [[" 1", " 17", " 8"], [" 3", " 21", " 9"]], PEER_R)}
+    batch = compose(PeerRolloutPooling(max_peers_per_prompt=3, c=2.0), a, {"gpt2": a, "llama": b}, scored)
+    term = batch.aux_losses[0]
+    assert "logp_recv" not in term.t  # no forward at compose time
+    t = term.t
+    with torch.no_grad():
+        expected, _ = a.completion_logprobs(t["prompt_ids"], t["prompt_mask"], t["completion_ids"],
+                                            t["completion_mask"])
+    expected = torch.where(t["completion_mask"], expected, torch.zeros_like(expected))
+    _, first = term(a, a.model)
+    assert torch.equal(term.t["logp_recv"], expected)
+    with torch.no_grad():
+        for p in a.model.parameters():
+            p.add_(0.05)  # an optimizer step in between: the next iteration's forward differs
+    _, second = term(a, a.model)
+    assert torch.equal(term.t["logp_recv"], expected)
+    assert second["probe/prp/gpt2/ess"] == first["probe/prp/gpt2/ess"]
+    assert second["probe/prp/gpt2/loss"] != first["probe/prp/gpt2/loss"]
+
+
+def test_zero_lambda_still_logs_weight_metrics_at_compose(model_dirs):
+    a = built("a", model_dirs["gpt2"], num_generations=3)
+    b = built("b", model_dirs["gpt2"], num_generations=3)
+    xs = items(2)
+    scored = {"a": scored_from_texts(a, xs, OWN_TEXTS, OWN_R), "b": scored_from_texts(b, xs, PEER_TEXTS, PEER_R)}
+    batch = compose(PeerRolloutPooling(max_peers_per_prompt=3, lambda_prp=0.0), a, {"a": a, "b": b}, scored)
+    assert batch.aux_losses == []
+    assert batch.metrics["probe/prp/a/log_ratio_abs_max"] < 1e-5 and batch.metrics["probe/prp/a/ess"] > 0.99
 
 
 def test_invalid_options_are_all_reported_with_valid_choices():
