@@ -7,17 +7,23 @@ Runs ``configs/default.yaml`` under each probe snippet (``callbacks/none.yaml``,
 ``--threads`` threads (colocated, so the step time is the sum of both policies' work and
 nothing waits on another process), same seed, no evaluation or checkpoint inside the
 timed window, and all of that ``--rounds`` times (a change of the machine's speed during
-the invocation then hits every arm alike). It prints each arm's seconds per step (wall time between the logged steps
-``--skip`` and ``--steps``, from TensorBoard; the median over rounds) and its overhead over
-``none`` (the median over rounds of the ratio to the same round's ``none``):
+the invocation then hits every arm alike). It prints, per arm (medians over rounds):
 
-- SGT and XGRPO: ``t_arm / t_none - 1`` (target: at most 5%);
-- PRP: the cost of one pooled peer sample relative to one own sample,
-  ``((t_prp - t_none) / pooled per step) / (t_none / own samples per step)`` (target: at
-  most 1.3).
+- the seconds per step (wall time between the logged steps ``--skip`` and ``--steps``, from
+  TensorBoard) and the ratio to the same round's ``none``, ``t_arm / t_none - 1``. The arms
+  train differently (that is what probes do), so their completions differ in length, and
+  separate runs see the machine at different speeds: on this CPU this A/B figure moves by
+  +-20% from round to round;
+- the probe's **own** time, measured inside its run: SEE publishing the step's records
+  (``train/exchange_time_s``), the probes composing each policy's batch
+  (``train/<p>/compose_time_s``) and their loss terms' forward, backward and share bound
+  (``train/<p>/aux_loss_time_s``), as a share of the rest of the same steps, ``own / (step -
+  own)``. Both come from the same steps, so the machine's speed cancels. Targets: SGT and
+  XGRPO at most 5%;
+- PRP: the cost of one pooled peer sample relative to one own sample, from its own time,
+  ``(own / pooled per step) / ((step - own) / own samples per step)`` (target: at most
+  1.3), and from the A/B times, ``((t_prp - t_none) / pooled) / (t_none / own samples)``.
 
-The arms train differently (that is what probes do), so the completions they sample
-differ in length; the overheads are therefore of the order of a few percent of noise.
 Time it alone on the machine.
 """
 
@@ -59,6 +65,23 @@ def per_step(scalars: dict, suffix: str, skip: int) -> float:
     return sum(mean(after(scalars[t], skip)) for t in tags)
 
 
+OWN_TIME_TAGS = ("compose_time_s", "aux_loss_time_s")
+
+
+def own_seconds(scalars: dict, skip: int) -> tuple[float, float]:
+    """(the probes' own seconds per step, the step's seconds) over the windows after ``skip``.
+
+    Own time: ``train/exchange_time_s`` (SEE publishing the step's records) plus, for every
+    policy, ``train/<p>/compose_time_s`` (the probes composing its batch) and
+    ``train/<p>/aux_loss_time_s`` (the probes' loss terms: forward, backward, share bound).
+    Both are measured in the same steps of the same run, so a change of the machine's
+    speed moves them together.
+    """
+    total = mean(after(scalars.get("train/exchange_time_s", []), skip)) if "train/exchange_time_s" in scalars else 0.0
+    total += sum(per_step(scalars, tag, skip) for tag in OWN_TIME_TAGS)
+    return total, mean(after(scalars["train/step_time_s"], skip))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=150)
@@ -83,31 +106,39 @@ def main(argv: list[str] | None = None) -> int:
     times = [{arm: seconds_per_step(sc, args.skip) for arm, sc in rd.items()} for rd in rounds]
     base = statistics.median(t["none"] for t in times)
     summary = {"none_s_per_step": base, "rounds": args.rounds, "s_per_step_per_round": times, "arms": {}}
-    print(f"\nseconds per step (steps {args.skip}-{args.steps}, 1 process x {args.threads} threads; medians over "
-          f"{args.rounds} round(s), each arm against the same round's none):")
+    print(f"\nsteps {args.skip + 1}-{args.steps}, 1 process x {args.threads} threads, {args.rounds} round(s); medians "
+          "over rounds. 'own' = the probe's own time inside its run (exchange + compose + auxiliary loss terms)")
+    print(f"{'arm':6s} {'s/step':>7s} {'vs none (per round)':>34s} {'own s/step':>11s} {'own overhead (per round)':>34s}")
     for arm in args.arms:
         t = statistics.median(x[arm] for x in times)
         overheads = [x[arm] / x["none"] - 1.0 for x in times]
-        overhead = statistics.median(overheads)
-        row = {"s_per_step": t, "overhead": overhead, "overhead_per_round": overheads}
-        line = (f"  {arm:6s} {t:.3f} s  ({100 * overhead:+.1f}% vs none; per round "
-                + ", ".join(f"{100 * o:+.1f}%" for o in overheads) + ")")
+        parts = [own_seconds(rd[arm], args.skip) for rd in rounds]  # (own s/step, step s/step) per round
+        owns = [o / (step - o) for o, step in parts]
+        row = {"s_per_step": t, "overhead": statistics.median(overheads), "overhead_per_round": overheads,
+               "own_s_per_step": statistics.median(o for o, _ in parts), "own_overhead": statistics.median(owns),
+               "own_overhead_per_round": owns}
+        print(f"{arm:6s} {t:7.3f} {100 * row['overhead']:+6.1f}% (" + ", ".join(f"{100 * o:+.1f}%" for o in overheads)
+              + f")  {row['own_s_per_step']:11.4f} {100 * row['own_overhead']:+6.1f}% ("
+              + ", ".join(f"{100 * o:+.1f}%" for o in owns) + ")")
         if arm == "sgt":
             row["transfers_per_step"] = statistics.median(per_step(rd[arm], "transfers", args.skip) for rd in rounds)
-            line += f", {row['transfers_per_step']:.1f} transfers per step"
+            print(f"       {row['transfers_per_step']:.1f} transfers per step")
         if arm == "prp":
-            costs = []
-            for rd, x in zip(rounds, times):
+            costs, own_costs = [], []
+            for rd, x, (o, step) in zip(rounds, times, parts):
                 pooled = per_step(rd[arm], "peers_pooled", args.skip)
                 costs.append(((x[arm] - x["none"]) / pooled) / (x["none"] / own) if pooled else float("nan"))
+                own_costs.append((o / pooled) / ((step - o) / own) if pooled else float("nan"))
             row["pooled_per_step"] = statistics.median(per_step(rd[arm], "peers_pooled", args.skip) for rd in rounds)
             row["cost_per_pooled_vs_own"] = statistics.median(costs)
             row["cost_per_pooled_vs_own_per_round"] = costs
-            line += (f", {row['pooled_per_step']:.0f} pooled peer samples per step; one costs "
-                     f"{row['cost_per_pooled_vs_own']:.2f}x an own sample (per round "
-                     + ", ".join(f"{c:.2f}x" for c in costs) + ")")
+            row["own_cost_per_pooled_vs_own"] = statistics.median(own_costs)
+            row["own_cost_per_pooled_vs_own_per_round"] = own_costs
+            print(f"       {row['pooled_per_step']:.0f} pooled peer samples per step; one costs "
+                  f"{row['own_cost_per_pooled_vs_own']:.2f}x an own sample (own time; per round "
+                  + ", ".join(f"{c:.2f}x" for c in own_costs) + f"), {row['cost_per_pooled_vs_own']:.2f}x "
+                  "(vs none; per round " + ", ".join(f"{c:.2f}x" for c in costs) + ")")
         summary["arms"][arm] = row
-        print(line)
     (args.out / "probe_overhead.json").write_text(json.dumps(summary, indent=2))
     return 0
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -528,7 +529,9 @@ def policy_update(policy: PolicyModule, batch, model, fabric, optimizer,
             an iteration and before clipping (the group's gradient all-reduce); None = one rank.
 
     Returns:
-        Metrics of the last iteration (loss, KL, clip ratio, entropy, grad norm, aux terms).
+        Metrics of the last iteration (loss, KL, clip ratio, entropy, grad norm, aux terms), and
+        ``train/<p>/aux_loss_time_s``: seconds spent on the probes' auxiliary terms (their
+        forward and backward passes and the share bound) over every iteration; 0 without terms.
     """
     from mrl_lightning.numerics import skip_nonfinite_update
     from mrl_lightning.objectives.aux_share import backward_aux_losses
@@ -586,9 +589,12 @@ def policy_update(policy: PolicyModule, batch, model, fabric, optimizer,
                 counted = out.ratio.detach()[mask[sl]]
                 ratios += [float(counted.min()), float(counted.max())]
         params = [p for p in policy.model.parameters() if p.requires_grad]
+        aux_key = f"train/{policy.policy_name}/aux_loss_time_s"  # over every inner iteration of the step
+        t0 = time.perf_counter()
         if batch.aux_losses:  # each term apart: its share of the update, and its bound (objectives/aux_share.py)
             metrics.update(backward_aux_losses(batch.aux_losses, policy, model, fabric.backward, params,
                                                tag=lambda term: f"probe/{term}/{policy.policy_name}"))
+        metrics[aux_key] = metrics.get(aux_key, 0.0) + (time.perf_counter() - t0 if batch.aux_losses else 0.0)
         if sync_gradients is not None:
             sync_gradients(params)
         skipped = skip_nonfinite_update(policy, params)  # NaN/inf gradient: no step (mrl_lightning.numerics)

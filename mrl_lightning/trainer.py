@@ -344,13 +344,17 @@ class MRLTrainer:
         self.rollout_step += 1
         self.samples_seen += sum(len(items) * p.num_generations for p in model.policies.values())
         with w.phase("exchange"):
+            t0 = time.perf_counter()
             self.fabric.call("on_rollouts_end", self, model, scored)
+            metrics["train/exchange_time_s"] = time.perf_counter() - t0
         for name in w.local_policies:
             t0 = time.perf_counter()
             policy = model.policies[name]
             with w.phase("compose"):
                 batch = self._new_batch(name, policy, scored[name])
+                t1 = time.perf_counter()
                 self.fabric.call("on_compose_batch", self, model, policy, batch)
+                metrics[f"train/{name}/compose_time_s"] = time.perf_counter() - t1
                 batch.group_counts = w.group_sum(name, batch.counts)
             with w.phase("update"):
                 wrapped, opt = self._modules[name]
