@@ -95,7 +95,7 @@ def child(marker: str, argv: list[str]) -> int:
 
 
 # --------------------------------------------------------------------------- the parent
-def write_config(folder: Path, root: Path, max_steps: int, log_path: Path) -> Path:
+def write_config(folder: Path, root: Path, max_steps: int, log_path: Path, compress: bool = True) -> Path:
     import yaml
 
     sys.path.insert(0, str(E2E))
@@ -103,7 +103,8 @@ def write_config(folder: Path, root: Path, max_steps: int, log_path: Path) -> Pa
 
     cfg = tiny_config(folder / "cache", root)
     cfg["trainer"].update(max_steps=max_steps, checkpoint_every_n_steps=1, keep_checkpoints=3,
-                          eval_every_n_steps=10_000, log_every_n_steps=5, enable_progress_bar=False)
+                          eval_every_n_steps=10_000, log_every_n_steps=5, enable_progress_bar=False,
+                          compress_checkpoints=compress)
     cfg["trainer"]["callbacks"][0]["init_args"] = {"log_path": str(log_path)}
     path = folder / f"chaos_{log_path.stem}.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -169,7 +170,7 @@ def compare(a: dict, b: dict, where: str = "") -> list[str]:
     return [] if same else [where]
 
 
-def run_chaos(out: Path, kills: int, max_steps: int, seed: int, step_timeout_s: float) -> dict:
+def run_chaos(out: Path, kills: int, max_steps: int, seed: int, step_timeout_s: float, compress: bool = True) -> dict:
     from mrl_lightning.checkpoint import load_checkpoint
     from mrl_lightning.exchange import read_log, record_key
 
@@ -177,8 +178,8 @@ def run_chaos(out: Path, kills: int, max_steps: int, seed: int, step_timeout_s: 
     out.mkdir(parents=True, exist_ok=True)
     straight_log, chaos_log = out / "straight.jsonl", out / "chaos.jsonl"
     chaos_root = out / "runs_chaos"
-    straight_cfg = write_config(out, out / "runs", max_steps, straight_log)
-    chaos_cfg = write_config(out, chaos_root, max_steps, chaos_log)
+    straight_cfg = write_config(out, out / "runs", max_steps, straight_log, compress)
+    chaos_cfg = write_config(out, chaos_root, max_steps, chaos_log, compress)
     console = out / "console.log"
 
     t0 = time.monotonic()
@@ -255,6 +256,7 @@ def run_chaos(out: Path, kills: int, max_steps: int, seed: int, step_timeout_s: 
     straight_records = [record_key(r) for r in read_log(str(straight_log))]
     chaos_records = [record_key(r) for r in read_log(str(chaos_log))]
     summary = {
+        "compressed_checkpoints": compress,
         "command": f"python benchmarks/chaos.py --kills {kills} --max-steps {max_steps} --seed {seed}",
         "max_steps": max_steps, "kills": len(events), "resumes": resumes,
         "phases_hit": dict(Counter(e["phase_hit"] for e in events)),
@@ -281,9 +283,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill schedule")
     parser.add_argument("--out", type=Path, default=None, help="folder for runs and chaos.json (default: a temp dir)")
     parser.add_argument("--step-timeout-s", type=float, default=5.0, help="patience per step before giving up")
+    parser.add_argument("--no-compress", dest="compress", action="store_false",
+                        help="plain checkpoints (default: gzip-compressed, as in the embedded default)")
     args = parser.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="mrl_chaos_"))
-    summary = run_chaos(out, args.kills, args.max_steps, args.seed, args.step_timeout_s)
+    summary = run_chaos(out, args.kills, args.max_steps, args.seed, args.step_timeout_s, args.compress)
     print(json.dumps({k: v for k, v in summary.items() if k != "events"}, indent=2))
     ok = summary["kills"] >= args.kills and summary["final_state_equal"] and summary["exchange_log_equal"]
     print(f"{'PASS' if ok else 'FAIL'}: {summary['kills']} kills, {summary['resumes']} resumes, final state "

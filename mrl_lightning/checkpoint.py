@@ -35,7 +35,7 @@ def atomic_save(obj: Any, path: str | Path, compress: bool = False) -> None:
         obj: Weights-only-loadable values (tensors, numbers, strings, containers).
         path: Target file; its folder is created.
         compress: Write the bytes through gzip (zlib level 1). Lossless; float32 weights and
-            AdamW moments shrink by ~9% (docs/loop.md, "Checkpoints"), at ~25-30 MB/s of
+            AdamW moments shrink by ~11% (docs/loop.md, "Checkpoints"), at ~25-30 MB/s of
             checkpoint on one core of the reference CPU.
 
     Raises:

@@ -83,7 +83,7 @@ class MRLTrainer:
         eval_every_n_steps: Evaluation on held-out prompts (also at start and end).
         checkpoint_every_n_steps: Checkpoint period (also at the end); 0 = only at the end.
         keep_checkpoints: How many ``step=*.ckpt`` files to keep (``last.ckpt`` always).
-        compress_checkpoints: gzip the checkpoint files (lossless, resume stays exact; ~9%
+        compress_checkpoints: gzip the checkpoint files (lossless, resume stays exact; ~11%
             smaller for float32 weights and AdamW moments, written at ~25-30 MB/s on one CPU
             core, so leave it off for models above a few hundred MB). Either kind resumes.
         num_sample_completions: Sample completions per policy logged as text at each eval.
