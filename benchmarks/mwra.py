@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                "disjoint_s_per_step": step_b, "speedup": step_a / step_b, "speedup_per_round": per_round,
                "s_per_step_per_round": [r["s_per_step"] for r in rounds],
                "wall_s": [r["wall_s"] for r in rounds], "phases": {}, "reward_agreement": {}}
-    print(f"\nseconds per training step (steps {args.skip}-{args.steps}, {cores} cores; median of {args.rounds} "
+    print(f"\nseconds per training step (steps {args.skip + 1}-{args.steps}, {cores} cores; median of {args.rounds} "
           "alternating round(s)):")
     print(f"  colocated, 1 process x {cores} threads : {step_a:.3f}   per round: "
           + ", ".join(f"{r['s_per_step']['colocated']:.3f}" for r in rounds))
