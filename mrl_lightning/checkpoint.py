@@ -112,8 +112,11 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same advice
+        first = str(exc).splitlines()[0] if str(exc) else "empty or truncated file"
+        if "weights_only" in first:  # torch's advice to unpickle arbitrary code is never right for a checkpoint
+            first = "its contents are not a weights-only torch.save file"
         raise CheckpointError(
-            f"ckpt_path={str(path)!r} could not be read ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'empty or truncated file'}). "
+            f"ckpt_path={str(path)!r} could not be read ({type(exc).__name__}: {first}). "
             "It is truncated, corrupted or not an mrl-lightning checkpoint; resume from another file in the same "
             "checkpoints/ folder (step=<k>.ckpt or last.ckpt)."
         ) from exc

@@ -98,6 +98,17 @@ def test_compressed_checkpoint_is_smaller_and_loads_bit_for_bit(tmp_path):
     assert back["policies"]["p"]["model"]["w"].data_ptr() == back["policies"]["p"]["model"]["tied"].data_ptr()
 
 
+def test_gzip_of_random_bytes_is_a_clear_error_without_torch_unsafe_advice(tmp_path):
+    import gzip
+
+    path = tmp_path / "last.ckpt"
+    path.write_bytes(gzip.compress(torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0),
+                                                 dtype=torch.uint8).numpy().tobytes()))
+    with pytest.raises(CheckpointError, match="truncated, corrupted") as info:
+        load_checkpoint(path)
+    assert "weights_only" not in str(info.value) and "arbitrary code" not in str(info.value)
+
+
 def test_truncated_compressed_checkpoint_is_a_clear_error(tmp_path):
     path = tmp_path / "last.ckpt"
     atomic_save(_adam_like_state(), path, compress=True)
