@@ -77,7 +77,7 @@ def own_seconds(scalars: dict, skip: int) -> tuple[float, float]:
     Both are measured in the same steps of the same run, so a change of the machine's
     speed moves them together.
     """
-    total = mean(after(scalars.get("train/exchange_time_s", []), skip)) if "train/exchange_time_s" in scalars else 0.0
+    total = mean(after(scalars["train/exchange_time_s"], skip))
     total += sum(per_step(scalars, tag, skip) for tag in OWN_TIME_TAGS)
     return total, mean(after(scalars["train/step_time_s"], skip))
 

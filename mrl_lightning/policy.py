@@ -589,12 +589,13 @@ def policy_update(policy: PolicyModule, batch, model, fabric, optimizer,
                 counted = out.ratio.detach()[mask[sl]]
                 ratios += [float(counted.min()), float(counted.max())]
         params = [p for p in policy.model.parameters() if p.requires_grad]
-        aux_key = f"train/{policy.policy_name}/aux_loss_time_s"  # over every inner iteration of the step
-        t0 = time.perf_counter()
+        aux_key, aux_s = f"train/{policy.policy_name}/aux_loss_time_s", 0.0  # summed over inner iterations
         if batch.aux_losses:  # each term apart: its share of the update, and its bound (objectives/aux_share.py)
+            t0 = time.perf_counter()
             metrics.update(backward_aux_losses(batch.aux_losses, policy, model, fabric.backward, params,
                                                tag=lambda term: f"probe/{term}/{policy.policy_name}"))
-        metrics[aux_key] = metrics.get(aux_key, 0.0) + (time.perf_counter() - t0 if batch.aux_losses else 0.0)
+            aux_s = time.perf_counter() - t0
+        metrics[aux_key] = metrics.get(aux_key, 0.0) + aux_s
         if sync_gradients is not None:
             sync_gradients(params)
         skipped = skip_nonfinite_update(policy, params)  # NaN/inf gradient: no step (mrl_lightning.numerics)

@@ -98,7 +98,7 @@ class _PRPPeerLoss:
 
     def __init__(self, tensors: dict[str, Tensor], probe: PeerRolloutPooling, weight: float, batch, tag: str) -> None:
         self.t, self.probe, self.weight, self.batch, self.tag = tensors, probe, weight, batch, tag
-        self.weight_metrics: dict[str, float] = {}
+        self.first_metrics: dict[str, float] = {}  # the weight statistics, from the first call
 
     def __call__(self, policy, model) -> tuple[Tensor, dict[str, float]]:
         device = next(policy.model.parameters()).device
@@ -109,13 +109,13 @@ class _PRPPeerLoss:
         if "logp_recv" not in t:  # first call, before any optimizer step of this batch: the receiver's log-probs
             recv = torch.where(t["completion_mask"], logp.detach().float(), torch.zeros_like(logp, dtype=torch.float32))
             self.t["logp_recv"] = t["logp_recv"] = recv
-            self.weight_metrics = p.weight_metrics(recv.cpu(), self.t["logp_src"], self.t["loss_mask"], self.tag)
+            self.first_metrics = p.weight_metrics(recv.cpu(), self.t["logp_src"], self.t["loss_mask"], self.tag)
         losses = prp_token_losses(logp, t["logp_recv"], t["logp_src"], t["loss_mask"], t["advantages"],
                                   p.is_mode, p.is_level, p.c, policy.epsilon, policy.epsilon_high)
         # The own batch's normalizers, summed over the policy's ranks when data-parallel.
         loss = self.weight * own_unit_loss(losses, t["loss_mask"], policy.loss_type, int(self.batch.total("sequences")),
                                            self.batch.total("tokens"), policy.max_completion_length)
-        return loss, {**self.weight_metrics, f"{self.tag}/loss": float(loss.detach())}
+        return loss, {**self.first_metrics, f"{self.tag}/loss": float(loss.detach())}
 
 
 class PeerRolloutPooling(MRLCallback):
