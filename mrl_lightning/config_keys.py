@@ -139,8 +139,31 @@ def config_file_problems(args: list[str]) -> list[str]:
     return problems
 
 
+_ROLE = re.compile(r":(?:class|func|meth|mod|attr|data|obj|exc):`~?([^`\n]+)`")
+_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def plain_help(text: str) -> str:
+    """Help text with the docstrings' reStructuredText markup removed.
+
+    ``--help`` shows the ``Args:`` sections of the classes it configures; their cross
+    references and literals read as code in the docs but as noise on a terminal:
+    ``:class:`~mrl_lightning.system.MutualRL``` -> ``MutualRL``, ````max_steps```` -> ``max_steps``.
+    A role split over two wrapped lines (jsonargparse wraps before this runs) loses its
+    role and backquotes (and keeps its full dotted path).
+    """
+    text = _ROLE.sub(lambda m: m.group(1).rpartition(".")[2] if "~" in m.group(0) else m.group(1), text)
+    text = _LITERAL.sub(r"\1", text)
+    text = re.sub(r":(?:class|func|meth|mod|attr|data|obj|exc):`~?", "", text)  # a role cut by a line wrap
+    return text.replace("`", "")
+
+
 class MRLArgumentParser(LightningArgumentParser):
-    """LightningCLI's parser, naming the nearest valid key after an unknown one (module docstring)."""
+    """LightningCLI's parser, naming the nearest valid key after an unknown one (module docstring),
+    with docstring markup removed from ``--help`` (:func:`plain_help`)."""
+
+    def format_help(self) -> str:
+        return plain_help(super().format_help())
 
     def parse_args(self, args=None, *pos, **kwargs):
         problems = config_file_problems(list(sys.argv[1:] if args is None else args))

@@ -311,8 +311,14 @@ class PolicyModule(pl.LightningModule):
             tok.pad_token = self.pad_token
 
     # ------------------------------------------------------------------- building
-    def materialize(self, datamodule=None, cache_log=print) -> str:
+    def materialize(self, datamodule=None, cache_log=print, resuming: bool = False) -> str:
         """The folder (or hub id) to load from; a recipe builds its cached folder first.
+
+        Args:
+            datamodule: The data module (a recipe's corpus and warm-start prompts).
+            cache_log: Where a recipe's progress and cache lines go.
+            resuming: The run resumes from a checkpoint, whose weights replace the built ones:
+                a cached warm-start that missed its target is not warned about again.
 
         Raises:
             ValueError: the recipe's warm-start part is not a data part.
@@ -323,12 +329,18 @@ class PolicyModule(pl.LightningModule):
 
             saved = rng_state()  # a cache miss (init + warm-start) must leave the generators as a hit does
             try:
-                source = str(source.materialize(self, datamodule, log=cache_log))
+                source = str(source.materialize(self, datamodule, log=cache_log, warn_shortfall=not resuming))
             finally:
                 set_rng_state(saved)
             if self.strong_parts is None and source and self.model_source.warm_start_part:
                 self.strong_parts = [self.model_source.warm_start_part]
         return os.path.expanduser(source)
+
+    @property
+    def builds_from_recipe(self) -> bool:
+        """True when the model is built by a recipe (:class:`~mrl_lightning.recipes.TinyCausalLM`),
+        whose vocabulary is known only once its tokenizer is trained."""
+        return isinstance(self.model_source, TinyCausalLM)
 
     def model_config(self):
         """The model's ``transformers`` config without loading weights; None when unreadable.

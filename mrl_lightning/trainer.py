@@ -198,6 +198,13 @@ class MRLTrainer:
     def fit(self, model, datamodule, ckpt_path: str | None = None) -> None:
         """Train until ``max_steps`` (resuming from ``ckpt_path`` if given).
 
+        Args:
+            model: The :class:`~mrl_lightning.system.MutualRL` system of policies.
+            datamodule: The prompt data module.
+            ckpt_path: A checkpoint to resume from, e.g. ``<run>/checkpoints/last.ckpt``: training
+                continues from its step up to ``trainer.max_steps`` (which must be above it),
+                exactly as an uninterrupted run would; None = start from step 0.
+
         Raises:
             ConfigError: configuration or resource-plan problems, found before any model is built.
             CheckpointError: ``ckpt_path`` is missing, unreadable or from another config.
@@ -220,7 +227,7 @@ class MRLTrainer:
         self.logger._version = w.broadcast_from_zero(self.logger.version, "run folder")
         self.print("Resource plan (MWRA):\n" + plan_text)
         with w.phase("build"):
-            self._build(model, datamodule)
+            self._build(model, datamodule, resuming=checkpoint is not None)
             self.fabric.call("setup", self, model, datamodule)
             if checkpoint is not None:
                 self._load(checkpoint, model, datamodule)
@@ -246,6 +253,9 @@ class MRLTrainer:
         self.save_checkpoint(model, datamodule)
         self.fabric.call("on_fit_end", self, model)
         self.logger.finalize("success")
+        last = Path(self.log_dir) / "checkpoints" / "last.ckpt"
+        self.print(f"Done at step {self.global_step}. Checkpoint: {last} (continue to a larger trainer.max_steps "
+                   f"with --ckpt_path {last}). Logs: tensorboard --logdir {self.default_root_dir}")
 
     def _plan(self, placement, model, datamodule) -> tuple[str, int]:
         """Build, validate and format the resource plan (before any model is built)."""
@@ -259,6 +269,8 @@ class MRLTrainer:
         strategy = type(self.fabric.strategy).__name__
         rows = build_plan(placement, shapes, dict(model.policies), datamodule.batch_size, device, strategy,
                           self.precision, threads)
+        for row in rows:  # a recipe's sizes are its upper bounds until its tokenizer is trained
+            row.size_is_bound = model.policies[row.policy].builds_from_recipe
         framework = process_rss_bytes() / GIB if device == "cpu" else 0.0
         if device == "cuda" and torch.cuda.is_available():
             available, memory = torch.cuda.device_count(), torch.cuda.get_device_properties(0).total_memory / GIB
@@ -271,13 +283,16 @@ class MRLTrainer:
                            framework_gib=framework, device_memory_gib=memory)
         return format_plan(rows, placement, framework), threads
 
-    def _build(self, model, datamodule) -> None:
-        """Materialize recipes (each policy's leader rank), load tokenizers everywhere, models where they run."""
+    def _build(self, model, datamodule, resuming: bool = False) -> None:
+        """Materialize recipes (each policy's leader rank), load tokenizers everywhere, models where they run.
+
+        ``resuming``: the weights then come from the checkpoint, so a recipe's warm-start
+        shortfall (said when the run first built it) is not repeated."""
         w = self.workers
         datamodule.setup("fit")
         for name, policy in model.policies.items():
             if w.is_leader(name):
-                policy.materialize(datamodule, cache_log=self.print_any_rank)
+                policy.materialize(datamodule, cache_log=self.print_any_rank, resuming=resuming)
         w.barrier("materialize")
         for name, policy in model.policies.items():
             local = name in w.local_policies

@@ -83,3 +83,16 @@ def test_fit_help_lists_every_trainer_option_in_one_usage_block():
     for option in ("--config", "--print_config", "--ckpt_path", "--model.policies", "--data", "--seed_everything"):
         assert option in text
     assert "SPEC" not in text
+    # plain text, no docstring markup; --ckpt_path says what it does
+    assert "``" not in text and ":class:" not in text and ":func:" not in text
+    ckpt = text[text.index("  --ckpt_path CKPT_PATH"):]
+    assert "resume" in ckpt.split("(type:")[0]
+
+
+def test_help_markup_is_removed_and_the_words_kept():
+    from mrl_lightning.config_keys import plain_help
+
+    text = ("Trainer for :class:`~mrl_lightning.system.MutualRL` (``--trainer.*``); see\n"
+            "  :func:`mrl_lightning.checkpoint.load_checkpoint` and :class:`~a.b.\n  C`.")
+    assert plain_help(text) == ("Trainer for MutualRL (--trainer.*); see\n"
+                                "  mrl_lightning.checkpoint.load_checkpoint and a.b.\n  C`.".replace("`", ""))

@@ -89,6 +89,9 @@ class PolicyPlacement:
             runs (states + peak activations), GiB (None = unknown).
         states_gib: The resident part of ``memory_gib`` (weights, gradients, optimizer
             moments, reference model), GiB (None = unknown).
+        size_is_bound: ``params`` and ``vocab`` are upper bounds: a recipe trains its tokenizer
+            when it is built (after the plan), and may stop below the vocabulary asked for
+            (shown as ``<=`` in :func:`format_plan`).
     """
 
     policy: str
@@ -102,6 +105,7 @@ class PolicyPlacement:
     threads: int
     memory_gib: float | None
     states_gib: float | None = None
+    size_is_bound: bool = False
 
 
 def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int) -> dict[str, float]:
@@ -261,8 +265,9 @@ def format_plan(rows: list[PolicyPlacement], placement: Placement, framework_gib
 
     header = ("policy", "family", "params", "vocab", "ranks", "device", "strategy", "precision", "threads",
               "est. GiB/worker")
-    body = [(r.policy, r.family, "?" if r.params is None else f"{r.params / 1e6:.2f}M",
-             "?" if r.vocab is None else str(r.vocab), ranks_text(r.ranks), r.device, r.strategy, r.precision,
+    bound = lambda r: "<=" if r.size_is_bound else ""  # noqa: E731
+    body = [(r.policy, r.family, "?" if r.params is None else f"{bound(r)}{r.params / 1e6:.2f}M",
+             "?" if r.vocab is None else f"{bound(r)}{r.vocab}", ranks_text(r.ranks), r.device, r.strategy, r.precision,
              str(r.threads), "?" if r.memory_gib is None else f"{r.memory_gib:.3f}") for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731
@@ -273,4 +278,7 @@ def format_plan(rows: list[PolicyPlacement], placement: Placement, framework_gib
     out.append(f"estimated GiB per worker incl. {framework_gib:.2f} GiB measured process footprint "
                f"(not counted: exchange buffer, allocator slack, CUDA context): {totals}"
                + (" ..." if placement.world_size > 8 else ""))
+    if any(r.size_is_bound for r in rows):
+        out.append("<=: upper bound; a recipe's tokenizer is trained when the model is built and may stop below "
+                   "the vocabulary asked for")
     return "\n".join(out)

@@ -226,13 +226,16 @@ class TinyCausalLM:
         )
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
-    def materialize(self, policy, datamodule, log: Callable[[str], None] = print) -> Path:
+    def materialize(self, policy, datamodule, log: Callable[[str], None] = print,
+                    warn_shortfall: bool = True) -> Path:
         """Return the cached folder, building it first if absent.
 
         Args:
             policy: The PolicyModule (its templates shape the corpus and warm-start).
             datamodule: Supplies task text and the warm-start part's prompts.
             log: Where progress lines go.
+            warn_shortfall: On a cache hit, repeat the warning of a warm-start that ended below
+                its target (False when a resumed run takes its weights from a checkpoint).
 
         Raises:
             ValueError: ``warm_start_part`` is not a part of the data module.
@@ -244,7 +247,7 @@ class TinyCausalLM:
             report = json.loads((final / "warm_start.json").read_text())
             warning = warm_start_shortfall(policy.policy_name, self.warm_start_part, report.get("accuracy", {}),
                                            self.warm_start_target, report.get("steps", 0))
-            if warning:
+            if warning and warn_shortfall:
                 log(warning)
             return final
         root.mkdir(parents=True, exist_ok=True)

@@ -24,9 +24,14 @@ def _fit(config: Path, *extra: str) -> Path:
     return _run_dir(config.parent / "runs")
 
 
-def test_fit_two_steps_writes_config_checkpoint_events_and_changes_every_parameter(write_config):
+def test_fit_two_steps_writes_config_checkpoint_events_and_changes_every_parameter(write_config, capsys):
     config = write_config()
     run = _fit(config)
+    out = capsys.readouterr().out  # the run ends by naming its checkpoint, how to resume, where the logs are
+    last = run / "checkpoints" / "last.ckpt"
+    assert f"Done at step 2. Checkpoint: {last}" in out and f"--ckpt_path {last}" in out
+    assert "tensorboard --logdir" in out
+    assert "<=" in out and "upper bound" in out  # the plan: the recipes' vocabularies are bounds
     assert (run / "config.yaml").is_file()
     saved = (run / "config.yaml").read_text()
     assert "SuccessGatedTransfer" in saved and "max_steps: 2" in saved

@@ -154,3 +154,31 @@ def test_threads_per_worker_follow_omp_num_threads_when_not_configured(monkeypat
 
     monkeypatch.setenv("OMP_NUM_THREADS", value)
     assert _omp_threads() == expected
+
+
+def test_the_plan_marks_a_recipes_sizes_as_upper_bounds_and_a_folders_as_exact():
+    from mrl_lightning.mwra.plan import format_plan
+
+    placement = build_placement("colocated", None, ["tiny", "folder"], 1)
+    common = dict(ranks=(0,), device="cpu", strategy="SingleDeviceStrategy", precision="32-true", threads=2,
+                  memory_gib=0.1)
+    rows = [PolicyPlacement(policy="tiny", family="gpt2", params=470_000, vocab=320, size_is_bound=True, **common),
+            PolicyPlacement(policy="folder", family="llama", params=1_200_000, vocab=300, **common)]
+    text = format_plan(rows, placement, framework_gib=0.3)
+    tiny = next(line for line in text.splitlines() if line.startswith("tiny"))
+    folder = next(line for line in text.splitlines() if line.startswith("folder"))
+    assert "<=320" in tiny and "<=0.47M" in tiny
+    assert "<=" not in folder and " 300 " in folder
+    assert "upper bound" in text.splitlines()[-1]
+    assert "upper bound" not in format_plan(rows[1:], placement, framework_gib=0.3)
+
+
+def test_a_recipe_policy_says_its_sizes_are_bounds_and_a_folder_policy_does_not(tmp_path):
+    from types import SimpleNamespace
+
+    from mrl_lightning.policy import PolicyModule
+    from mrl_lightning.recipes import TinyCausalLM
+
+    assert PolicyModule(name="a", model=TinyCausalLM(family="gpt2")).builds_from_recipe
+    # a folder source (building a real PolicyModule on one needs a saved model and tokenizer)
+    assert not PolicyModule.builds_from_recipe.fget(SimpleNamespace(model_source=str(tmp_path)))

@@ -79,6 +79,11 @@ def test_warm_start_below_target_warns_and_records_it(tmp_path):
     assert recipe.materialize(policy, data, log=again.append) == folder
     assert any("cache hit" in line for line in again) and warnings[0] in again
 
+    # a resumed run takes its weights from the checkpoint: the cache hit does not repeat the warning
+    resumed: list[str] = []
+    assert policy.materialize(data, cache_log=resumed.append, resuming=True) == str(folder)
+    assert any("cache hit" in line for line in resumed) and not any("warning:" in line for line in resumed)
+
 
 def test_warm_start_that_reaches_its_target_says_nothing(tmp_path):
     recipe, policy, data = _build(tmp_path, target=0.0)
