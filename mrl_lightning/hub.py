@@ -27,6 +27,8 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from urllib.parse import urlparse
 
 from mrl_lightning.errors import ConfigError
@@ -141,3 +143,33 @@ def hub_load_kwargs(source: str, field: str, where: str, filename: str = "config
         return {"local_files_only": True}
     raise HubUnreachableError(f"{where}: {field}={source!r} is a hub id, and {why}; it is not in the local cache "
                               f"either. {fix}")
+
+
+@contextmanager
+def quiet_local_load(source: str) -> Iterator[None]:
+    """Hide transformers' "Loading weights" progress bar while a *local folder* loads.
+
+    For a tiny local model the bar finishes in milliseconds and only clutters the console;
+    a hub id keeps every bar (downloads take real time). The previous state of both
+    transformers' and huggingface_hub's progress-bar switches is restored afterwards, also
+    when the load raises.
+
+    Args:
+        source: What ``from_pretrained`` is given (a folder or a hub id).
+    """
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    if not is_local_source(source) or not hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    hub_was_disabled = are_progress_bars_disabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
+        if hub_was_disabled:
+            disable_progress_bars()
+        elif are_progress_bars_disabled():
+            enable_progress_bars()

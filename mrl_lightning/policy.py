@@ -25,7 +25,7 @@ from torch import Tensor
 
 from mrl_lightning.chat import chat_template_errors, encode_rendered, render_chat_prompt
 from mrl_lightning.errors import ConfigError
-from mrl_lightning.hub import HubUnreachableError, hub_load_kwargs
+from mrl_lightning.hub import HubUnreachableError, hub_load_kwargs, quiet_local_load
 from mrl_lightning.forward import completion_logits
 from mrl_lightning.objectives.grpo import LOSS_TYPES, SCALE_REWARDS
 from mrl_lightning.prompt_checks import note_prompt_lengths, prompt_collision_errors
@@ -377,7 +377,8 @@ class PolicyModule(pl.LightningModule):
         if not with_model:
             return
         hub = hub_load_kwargs(source, "model", f"policy {self.policy_name!r}")
-        self.model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **hub)
+        with quiet_local_load(source):
+            self.model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **hub)
         self.model.train()  # from_pretrained returns eval mode
         if self.disable_dropout:
             for module in self.model.modules():
@@ -386,7 +387,8 @@ class PolicyModule(pl.LightningModule):
                 if hasattr(module, "attention_dropout") and isinstance(module.attention_dropout, float):
                     module.attention_dropout = 0.0
         if self.beta > 0:
-            ref = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **hub).eval()
+            with quiet_local_load(source):
+                ref = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **hub).eval()
             ref.requires_grad_(False)
             self._ref_model = [ref]
 
