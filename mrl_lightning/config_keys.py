@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.cli import LightningArgumentParser
 
 _TOP_KEY = re.compile(r"does not accept option '([^']+)'")
@@ -139,31 +140,44 @@ def config_file_problems(args: list[str]) -> list[str]:
     return problems
 
 
-_ROLE = re.compile(r":(?:class|func|meth|mod|attr|data|obj|exc):`~?([^`\n]+)`")
-_LITERAL = re.compile(r"``([^`]+)``")
+_ROLE = re.compile(r":(?:class|func|meth|mod|attr|data|obj|exc):`(~?)\s*([^`]+?)\s*`")
+_LITERAL = re.compile(r"(?<!`)``([^`]+)``(?!`)")
 
 
 def plain_help(text: str) -> str:
-    """Help text with the docstrings' reStructuredText markup removed.
+    """One help string with the docstrings' reStructuredText markup removed.
 
     ``--help`` shows the ``Args:`` sections of the classes it configures; their cross
     references and literals read as code in the docs but as noise on a terminal:
-    ``:class:`~mrl_lightning.system.MutualRL``` -> ``MutualRL``, ````max_steps```` -> ``max_steps``.
-    A role split over two wrapped lines (jsonargparse wraps before this runs) loses its
-    role and backquotes (and keeps its full dotted path).
+    ``:class:`~mrl_lightning.system.MutualRL``` -> ``MutualRL`` (``~``: the last name only),
+    ``:func:`a.b``` -> ``a.b``, ````max_steps```` -> ``max_steps``. Any other backquote is
+    kept. Applied to each help string before it is wrapped (:class:`PlainHelpFormatter`),
+    so a reference is never split over two lines.
     """
-    text = _ROLE.sub(lambda m: m.group(1).rpartition(".")[2] if "~" in m.group(0) else m.group(1), text)
-    text = _LITERAL.sub(r"\1", text)
-    text = re.sub(r":(?:class|func|meth|mod|attr|data|obj|exc):`~?", "", text)  # a role cut by a line wrap
-    return text.replace("`", "")
+    text = _ROLE.sub(lambda m: m.group(2).rpartition(".")[2] if m.group(1) else m.group(2), text)
+    return _LITERAL.sub(r"\1", text)
+
+
+class PlainHelpFormatter(DefaultHelpFormatter):
+    """jsonargparse's help formatter, with :func:`plain_help` applied to every text before wrapping."""
+
+    def _split_lines(self, text, width):
+        return super()._split_lines(plain_help(text), width)
+
+    def _fill_text(self, text, width, indent):
+        return super()._fill_text(plain_help(text), width, indent)
+
+    def start_section(self, heading):
+        super().start_section(plain_help(heading) if heading else heading)
 
 
 class MRLArgumentParser(LightningArgumentParser):
     """LightningCLI's parser, naming the nearest valid key after an unknown one (module docstring),
-    with docstring markup removed from ``--help`` (:func:`plain_help`)."""
+    with docstring markup removed from ``--help`` (:class:`PlainHelpFormatter`)."""
 
-    def format_help(self) -> str:
-        return plain_help(super().format_help())
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", PlainHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def parse_args(self, args=None, *pos, **kwargs):
         problems = config_file_problems(list(sys.argv[1:] if args is None else args))

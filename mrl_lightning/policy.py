@@ -318,7 +318,8 @@ class PolicyModule(pl.LightningModule):
             datamodule: The data module (a recipe's corpus and warm-start prompts).
             cache_log: Where a recipe's progress and cache lines go.
             resuming: The run resumes from a checkpoint, whose weights replace the built ones:
-                a cached warm-start that missed its target is not warned about again.
+                a cached warm-start that missed its target is not warned about again (unless
+                ``beta > 0``: the reference model is still the built one).
 
         Raises:
             ValueError: the recipe's warm-start part is not a data part.
@@ -329,7 +330,8 @@ class PolicyModule(pl.LightningModule):
 
             saved = rng_state()  # a cache miss (init + warm-start) must leave the generators as a hit does
             try:
-                source = str(source.materialize(self, datamodule, log=cache_log, warn_shortfall=not resuming))
+                source = str(source.materialize(self, datamodule, log=cache_log,
+                                                   warn_shortfall=not resuming or self.beta > 0))
             finally:
                 set_rng_state(saved)
             if self.strong_parts is None and source and self.model_source.warm_start_part:

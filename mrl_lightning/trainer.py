@@ -19,6 +19,7 @@ TensorBoard events, ``checkpoints/step=<k>.ckpt`` and ``checkpoints/last.ckpt``.
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from collections import defaultdict
 from functools import partial
@@ -243,7 +244,7 @@ class MRLTrainer:
             last = Path(self.log_dir) / "checkpoints" / "last.ckpt"
             self.logger.finalize("interrupted")
             every = f"trainer.checkpoint_every_n_steps: {self.checkpoint_every_n_steps}"
-            hint = (f"resume with --ckpt_path {last} (the newest checkpoint; the steps after it are run again, "
+            hint = (f"resume with --ckpt_path {shlex.quote(str(last))} (the newest checkpoint; the steps after it are run again, "
                     f"as often as {every} says)" if last.exists()
                     else f"no checkpoint was written yet ({every}; lower it to lose fewer steps)")
             self.print(f"\nInterrupted during step {self.global_step + 1}; {hint}.")
@@ -253,9 +254,9 @@ class MRLTrainer:
         self.save_checkpoint(model, datamodule)
         self.fabric.call("on_fit_end", self, model)
         self.logger.finalize("success")
-        last = Path(self.log_dir) / "checkpoints" / "last.ckpt"
+        last = shlex.quote(str(Path(self.log_dir) / "checkpoints" / "last.ckpt"))  # quoted: pastes into a shell
         self.print(f"Done at step {self.global_step}. Checkpoint: {last} (continue to a larger trainer.max_steps "
-                   f"with --ckpt_path {last}). Logs: tensorboard --logdir {self.default_root_dir}")
+                   f"with --ckpt_path {last}). Logs: tensorboard --logdir {shlex.quote(str(self.default_root_dir))}")
 
     def _plan(self, placement, model, datamodule) -> tuple[str, int]:
         """Build, validate and format the resource plan (before any model is built)."""
@@ -286,8 +287,9 @@ class MRLTrainer:
     def _build(self, model, datamodule, resuming: bool = False) -> None:
         """Materialize recipes (each policy's leader rank), load tokenizers everywhere, models where they run.
 
-        ``resuming``: the weights then come from the checkpoint, so a recipe's warm-start
-        shortfall (said when the run first built it) is not repeated."""
+        ``resuming``: the policies' weights then come from the checkpoint, so a recipe's
+        warm-start shortfall (said when the run first built it) is not repeated, except for a
+        policy with ``beta > 0``, whose reference model is still the built one."""
         w = self.workers
         datamodule.setup("fit")
         for name, policy in model.policies.items():

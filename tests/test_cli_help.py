@@ -89,10 +89,22 @@ def test_fit_help_lists_every_trainer_option_in_one_usage_block():
     assert "resume" in ckpt.split("(type:")[0]
 
 
-def test_help_markup_is_removed_and_the_words_kept():
+def test_help_markup_is_removed_and_other_backquotes_kept():
     from mrl_lightning.config_keys import plain_help
 
-    text = ("Trainer for :class:`~mrl_lightning.system.MutualRL` (``--trainer.*``); see\n"
-            "  :func:`mrl_lightning.checkpoint.load_checkpoint` and :class:`~a.b.\n  C`.")
-    assert plain_help(text) == ("Trainer for MutualRL (--trainer.*); see\n"
-                                "  mrl_lightning.checkpoint.load_checkpoint and a.b.\n  C`.".replace("`", ""))
+    text = "Trainer for :class:`~mrl_lightning.system.MutualRL` (``--trainer.*``); see :func:`a.b.load`."
+    assert plain_help(text) == "Trainer for MutualRL (--trainer.*); see a.b.load."
+    for kept in ("default: ^\\d+`$", "a fence ```python``` in a template", "C:\\runs\\x", "{a: `b`}"):
+        assert plain_help(kept) == kept
+
+
+def test_a_reference_is_cleaned_before_the_help_is_wrapped():
+    """A reference near the end of a line was split by the wrap when cleaned afterwards."""
+    from mrl_lightning.config_keys import MRLArgumentParser
+
+    parser = MRLArgumentParser(prog="x")
+    parser.add_argument("--opt", help="word " * 8 + "uses :class:`~mrl_lightning.mwra.strategy.PolicyGroupsStrategy` "
+                        "for it (``x``).")
+    text = parser.format_help()
+    assert "PolicyGroupsStrategy" in text
+    assert "~" not in text and "mrl_lightning.mwra" not in text and "`" not in text and ":class:" not in text

@@ -30,7 +30,7 @@ def test_fit_two_steps_writes_config_checkpoint_events_and_changes_every_paramet
     out = capsys.readouterr().out  # the run ends by naming its checkpoint, how to resume, where the logs are
     last = run / "checkpoints" / "last.ckpt"
     assert f"Done at step 2. Checkpoint: {last}" in out and f"--ckpt_path {last}" in out
-    assert "tensorboard --logdir" in out
+    assert f"tensorboard --logdir {config.parent / 'runs'}" in out
     assert "<=" in out and "upper bound" in out  # the plan: the recipes' vocabularies are bounds
     assert (run / "config.yaml").is_file()
     saved = (run / "config.yaml").read_text()
@@ -70,7 +70,13 @@ def test_tensorboard_has_per_policy_and_probe_tags(write_config):
     assert events.Tags()["tensors"] or events.Tags().get("text") is not None
 
 
-def test_resume_continues_with_identical_state(write_config, tmp_path):
+def test_resume_continues_with_identical_state(write_config, tmp_path, monkeypatch):
+    from mrl_lightning.policy import PolicyModule
+
+    asked = []  # the trainer tells each policy whether it resumes (no repeated warm-start warning then)
+    materialize = PolicyModule.materialize
+    monkeypatch.setattr(PolicyModule, "materialize", lambda self, *a, **k: (
+        asked.append(k.get("resuming", False)), materialize(self, *a, **k))[1])
     # the straight run writes compressed checkpoints, the resumed one plain ones: both resume exactly
     straight = write_config("straight.yaml", modify=lambda c: c["trainer"].update(
         max_steps=4, version="straight", keep_checkpoints=10, compress_checkpoints=True))
@@ -78,7 +84,10 @@ def test_resume_continues_with_identical_state(write_config, tmp_path):
     mid = run / "checkpoints" / "step=2.ckpt"
     assert mid.read_bytes()[:2] == b"\x1f\x8b", "compress_checkpoints: true wrote no gzip file"
     resumed_cfg = write_config("resumed.yaml", modify=lambda c: c["trainer"].update(max_steps=4, version="resumed"))
+    assert asked and not any(asked)
+    asked.clear()
     resumed = _fit(resumed_cfg, "--ckpt_path", str(mid))
+    assert asked.count(True) == 2, asked  # each policy's build (the build's own call passes no flag)
     a = load_checkpoint(run / "checkpoints" / "last.ckpt")
     b = load_checkpoint(resumed / "checkpoints" / "last.ckpt")
     assert (resumed / "checkpoints" / "last.ckpt").read_bytes()[:2] != b"\x1f\x8b"

@@ -83,6 +83,11 @@ def test_warm_start_below_target_warns_and_records_it(tmp_path):
     resumed: list[str] = []
     assert policy.materialize(data, cache_log=resumed.append, resuming=True) == str(folder)
     assert any("cache hit" in line for line in resumed) and not any("warning:" in line for line in resumed)
+    # ... unless beta > 0: the reference model is still the built (short) warm start
+    with_kl: list[str] = []
+    type(policy)(name="tiny", model=recipe, max_completion_length=3, beta=0.04).materialize(
+        data, cache_log=with_kl.append, resuming=True)
+    assert warnings[0] in with_kl
 
 
 def test_warm_start_that_reaches_its_target_says_nothing(tmp_path):
