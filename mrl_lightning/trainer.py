@@ -241,11 +241,11 @@ class MRLTrainer:
         try:
             self._loop(model, datamodule)
         except KeyboardInterrupt:
-            last = Path(self.log_dir) / "checkpoints" / "last.ckpt"
+            last = self.last_checkpoint_path
             self.logger.finalize("interrupted")
             every = f"trainer.checkpoint_every_n_steps: {self.checkpoint_every_n_steps}"
-            hint = (f"resume with --ckpt_path {shlex.quote(str(last))} (the newest checkpoint; the steps after it are run again, "
-                    f"as often as {every} says)" if last.exists()
+            hint = (f"resume with --ckpt_path {shlex.quote(str(last))} (the newest checkpoint; the steps after it "
+                    f"are run again, as often as {every} says)" if last.exists()
                     else f"no checkpoint was written yet ({every}; lower it to lose fewer steps)")
             self.print(f"\nInterrupted during step {self.global_step + 1}; {hint}.")
             raise SystemExit(130) from None
@@ -254,9 +254,14 @@ class MRLTrainer:
         self.save_checkpoint(model, datamodule)
         self.fabric.call("on_fit_end", self, model)
         self.logger.finalize("success")
-        last = shlex.quote(str(Path(self.log_dir) / "checkpoints" / "last.ckpt"))  # quoted: pastes into a shell
+        last = shlex.quote(str(self.last_checkpoint_path))  # quoted: pastes into a shell
         self.print(f"Done at step {self.global_step}. Checkpoint: {last} (continue to a larger trainer.max_steps "
                    f"with --ckpt_path {last}). Logs: tensorboard --logdir {shlex.quote(str(self.default_root_dir))}")
+
+    @property
+    def last_checkpoint_path(self) -> Path:
+        """``<run folder>/checkpoints/last.ckpt`` (written by :meth:`save_checkpoint`; may not exist yet)."""
+        return Path(self.log_dir) / "checkpoints" / "last.ckpt"
 
     def _plan(self, placement, model, datamodule) -> tuple[str, int]:
         """Build, validate and format the resource plan (before any model is built)."""
@@ -270,8 +275,6 @@ class MRLTrainer:
         strategy = type(self.fabric.strategy).__name__
         rows = build_plan(placement, shapes, dict(model.policies), datamodule.batch_size, device, strategy,
                           self.precision, threads)
-        for row in rows:  # a recipe's sizes are its upper bounds until its tokenizer is trained
-            row.size_is_bound = model.policies[row.policy].builds_from_recipe
         framework = process_rss_bytes() / GIB if device == "cpu" else 0.0
         if device == "cuda" and torch.cuda.is_available():
             available, memory = torch.cuda.device_count(), torch.cuda.get_device_properties(0).total_memory / GIB

@@ -179,6 +179,8 @@ def build_plan(
             vocab=shape.vocab if shape else None, ranks=ranks, device=device, strategy=strategy,
             precision=precision, threads=threads, memory_gib=(states + peak) / GIB if shape else None,
             states_gib=states / GIB if shape else None,
+            # a recipe's sizes are upper bounds until its tokenizer is trained
+            size_is_bound=bool(getattr(policies[name], "builds_from_recipe", False)),
         ))
     return rows
 
