@@ -6,12 +6,12 @@ Shapes: B prompts, G completions per prompt, N = B*G, L completion length.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
 from mrl_lightning.data.items import PromptItem
-from mrl_lightning.rollout.hf_generate import RolloutBatch
+from mrl_lightning.rollout.base import RolloutBatch
 
 if TYPE_CHECKING:
     from mrl_lightning.policy import PolicyModule
@@ -46,16 +46,33 @@ class ScoredRollouts:
         return self.rewards.shape[1]
 
 
-class AuxiliaryLoss(Protocol):
-    """A loss term a probe adds to a policy's step (e.g. SGT's transfer term).
+class AuxiliaryLoss:
+    """A loss term a probe adds to a policy's step (SGT's transfer term, PRP's peer term).
 
-    Called once per inner iteration; returns the scalar loss (already weighted) and
-    metrics to log under the policy's name.
+    Called once per inner iteration of the update (:mod:`mrl_lightning.update`), after the
+    GRPO backward; its gradient is kept apart so that its share of the update is logged
+    and bounded (:mod:`mrl_lightning.objectives.aux_share`).
+
+    Attributes:
+        name: Short name; metrics go under ``probe/<name>/<policy>/``. Terms of one name are
+            summed before their share is measured.
+        max_grad_share: Bound in (0, 1) on the term's share of the update,
+            ``||g_term|| / (||g_grpo|| + ||g_term||)``; None = no bound.
     """
 
-    name: str
+    name: str = "aux"
+    max_grad_share: float | None = None
 
-    def __call__(self, policy: PolicyModule, model) -> tuple[Tensor, dict[str, float]]: ...
+    def __call__(self, policy: PolicyModule, model, totals: dict[str, float]) -> tuple[Tensor, dict[str, float]]:
+        """The term's scalar loss (already weighted) and metrics to log.
+
+        Args:
+            policy: The policy being updated.
+            model: The (Fabric-wrapped) model to run forward passes with.
+            totals: The batch's loss normalizers summed over the policy's ranks
+                (:attr:`TrainBatch.group_counts`: ``sequences``, ``tokens`` and the probes' own).
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement __call__")
 
 
 @dataclass
@@ -74,6 +91,10 @@ class TrainBatch:
             probes composed the batch and before the update; None until then (= ``counts``
             on one rank). Losses divide by these, so k data-parallel ranks give the
             gradient of one rank on the whole batch.
+        group_terms: ``(name, max_grad_share)`` of the auxiliary terms on any of the
+            policy's ranks, in one order, set by the loop with ``group_counts`` on a group of
+            several ranks (each rank then reduces every term's gradient, also one it has
+            none of); None = this rank's terms.
     """
 
     scored: ScoredRollouts
@@ -82,6 +103,7 @@ class TrainBatch:
     metrics: dict[str, float] = field(default_factory=dict)
     counts: dict[str, float] = field(default_factory=dict)
     group_counts: dict[str, float] | None = None
+    group_terms: list[tuple[str, float | None]] | None = None
 
     def total(self, key: str) -> float:
         """``group_counts[key]`` once summed over the group, else this rank's ``counts[key]``."""

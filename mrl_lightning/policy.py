@@ -1,9 +1,11 @@
 """PolicyModule: one causal LM under GRPO, with its own tokenizer, template and objective.
 
 Each policy owns its weights, tokenizer, prompt template, optimizer and GRPO settings
-(docs/grpo.md). The model is loaded with ``from_pretrained`` from a local folder or a hub
-id, or materialized by a recipe (e.g. :class:`~mrl_lightning.recipes.tiny.TinyCausalLM`)
-that writes such a folder first. A frozen reference model exists only when beta > 0.
+(docs/grpo.md). This room holds the policy's config and its checks, how it renders and
+encodes prompts, and how it scores completions. Building its model (``from_pretrained``
+from a folder or hub id, or a :class:`~mrl_lightning.model_source.ModelRecipe` that writes
+such a folder first) is :mod:`mrl_lightning.builders`'s job; one training step of it is
+:mod:`mrl_lightning.update`'s. A frozen reference model exists only when beta > 0.
 
 Shapes: B prompts, G = ``num_generations``, N = B*G, P prompt length, L completion
 length, V vocabulary. Log-probs are float32 nats of the temperature-scaled policy
@@ -13,45 +15,19 @@ positions only (``logits_to_keep``), since the vocabulary dominates cost on a CP
 
 from __future__ import annotations
 
-import contextlib
-import os
-import time
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from mrl_lightning.chat import chat_template_errors, encode_rendered, render_chat_prompt
+from mrl_lightning.chat import encode_rendered, render_chat_prompt
 from mrl_lightning.errors import ConfigError
-from mrl_lightning.hub import HubUnreachableError, hub_load_kwargs, quiet_local_load
 from mrl_lightning.forward import completion_logits
+from mrl_lightning.model_source import ModelRecipe
 from mrl_lightning.objectives.grpo import LOSS_TYPES, SCALE_REWARDS
-from mrl_lightning.prompt_checks import note_prompt_lengths, prompt_collision_errors
-from mrl_lightning.recipes.tiny import TinyCausalLM
-from mrl_lightning.rollout.sampler_correction import correct_sampler_mismatch
-from mrl_lightning.rollout.vllm_engine import note_optimizer_step
-from mrl_lightning.rollout.vllm_setup import vllm_config_errors
-
-
-def _looks_local(path: str) -> bool:
-    return path.startswith((".", "/", "~")) or os.path.isabs(path) or os.sep in path and os.path.exists(path)
-
-
-def _template_errors(where: str, key: str, template: str, field: str) -> list[str]:
-    """Problems of a ``str.format`` template that must use exactly the field ``{field}``."""
-    try:
-        rendered = template.format(**{field: "\x00"})
-    except (KeyError, IndexError) as exc:
-        return [f"{where}: {key}={template!r} uses the unknown field {exc}; only {{{field}}} is available "
-                "(write literal braces as '{{' and '}}')."]
-    except ValueError as exc:
-        return [f"{where}: {key}={template!r} is not a valid template ({exc}); "
-                "write literal braces as '{{' and '}}'."]
-    if "\x00" not in rendered:
-        return [f"{where}: {key}={template!r} must contain '{{{field}}}'."]
-    return []
+from mrl_lightning.policy_checks import note_prompt_lengths, source_errors, template_errors
+from mrl_lightning.rollout.options import engine_config_errors
 
 
 class PolicyModule(pl.LightningModule):
@@ -130,7 +106,7 @@ class PolicyModule(pl.LightningModule):
     def __init__(
         self,
         name: str,
-        model: str | TinyCausalLM,
+        model: str | ModelRecipe,
         tokenizer: str | None = None,
         prompt_template: str = "{question}\nAnswer:",
         completion_template: str = " {answer}",
@@ -204,6 +180,7 @@ class PolicyModule(pl.LightningModule):
         self.model: torch.nn.Module | None = None
         self.tokenizer = None
         self._ref_model: list[torch.nn.Module] = []  # kept out of state_dict: rebuilt from the same weights
+        self.optimizer_steps_taken = 0  # optimizer steps of this process's model (engines' weights_version)
         errors = self.config_errors()
         if errors:
             raise ConfigError(f"Invalid config for policy {name!r}:\n  - " + "\n  - ".join(errors))
@@ -244,159 +221,40 @@ class PolicyModule(pl.LightningModule):
             errors.append(f"{p}: scale_rewards={self.scale_rewards!r}; valid: {list(SCALE_REWARDS)}.")
         if self.learning_rate <= 0:
             errors.append(f"{p}: learning_rate={self.learning_rate} must be > 0.")
-        errors.extend(vllm_config_errors(p, self))
+        errors.extend(engine_config_errors(p, self))
         if self.system_prompt is not None and not self.chat_template:
             errors.append(f"{p}: system_prompt={self.system_prompt!r} needs chat_template: true (a system turn "
                           "exists only in a chat format); set chat_template: true, or drop system_prompt and "
                           "write the instruction into prompt_template.")
         for key, template, field in (("prompt_template", self.prompt_template, "question"),
                                      ("completion_template", self.completion_template, "answer")):
-            errors.extend(_template_errors(p, key, template, field))
-        if isinstance(self.model_source, str) and _looks_local(self.model_source):
-            if not Path(self.model_source).expanduser().is_dir():
-                errors.append(f"{p}: model={self.model_source!r} is not an existing folder. Give a folder "
-                              "written by save_pretrained, a hub id, or a recipe (class_path).")
-        tok = self.tokenizer_source
-        if tok is None and isinstance(self.model_source, str):
-            tok = self.model_source
-        elif isinstance(self.model_source, str) and not _looks_local(self.model_source):
-            try:  # the tokenizer comes from elsewhere: the model's hub id is checked on its own
-                hub_load_kwargs(self.model_source, "model", p)
-            except HubUnreachableError as exc:
-                errors.append(str(exc))
-        if isinstance(tok, str):
-            if _looks_local(tok) and not Path(tok).expanduser().is_dir():
-                errors.append(f"{p}: tokenizer={tok!r} is not an existing folder. Give a folder written "
-                              "by save_pretrained or a hub id.")
-            else:
-                errors.extend(self._tokenizer_errors(tok))
+            errors.extend(template_errors(p, key, template, field))
+        errors.extend(source_errors(self))  # loads the tokenizer of a folder or hub id (policy_checks)
         return errors
-
-    def _tokenizer_errors(self, source: str) -> list[str]:
-        from transformers import AutoTokenizer
-
-        p = f"policy {self.policy_name!r}"
-        try:  # a hub id without network fails here at once (mrl_lightning.hub)
-            hub = hub_load_kwargs(source, "tokenizer" if self.tokenizer_source else "model", p, "tokenizer_config.json")
-        except HubUnreachableError as exc:
-            return [str(exc)]
-        try:
-            tok = AutoTokenizer.from_pretrained(os.path.expanduser(source), **hub)
-        except Exception as exc:  # noqa: BLE001 - reported as a config error with its cause
-            return [f"{p}: tokenizer {source!r} could not be loaded ({type(exc).__name__}: {exc})."]
-        self._apply_pad_token(tok)
-        if self.pad_token is not None and self.pad_token not in tok.get_vocab():
-            return [f"{p}: pad_token={self.pad_token!r} is not in the vocabulary of tokenizer {source!r}; use a "
-                    f"token it has, e.g. its EOS pad_token: {tok.eos_token!r}."]
-        if tok.eos_token_id is None:  # before the pad check, whose advice is the EOS text
-            return [f"{p}: tokenizer {source!r} has no EOS token (eos_token=None), so a completion could never "
-                    "finish and the loss mask would have no end. Use a tokenizer that defines one, or add it: "
-                    "tok.add_special_tokens({'eos_token': '</s>'}); tok.save_pretrained(<folder>) and point "
-                    "tokenizer: at that folder (the model's vocabulary must hold the new id)."]
-        if tok.pad_token_id is None:
-            return [f"{p}: tokenizer {source!r} has no pad token. Set pad_token: '<its EOS text>' in this "
-                    f"policy's config (here: pad_token: {tok.eos_token!r})."]
-        if self.chat_template:
-            errors = chat_template_errors(p, tok)
-            if errors:
-                return errors
-        self.tokenizer = tok
-        errors = prompt_collision_errors(self)  # two questions, one prompt: template or truncation
-        if errors:
-            self.tokenizer = None
-        return errors
-
-    def _apply_pad_token(self, tok) -> None:
-        if self.pad_token is not None:
-            tok.pad_token = self.pad_token
-
-    # ------------------------------------------------------------------- building
-    def materialize(self, datamodule=None, cache_log=print, resuming: bool = False) -> str:
-        """The folder (or hub id) to load from; a recipe builds its cached folder first.
-
-        Args:
-            datamodule: The data module (a recipe's corpus and warm-start prompts).
-            cache_log: Where a recipe's progress and cache lines go.
-            resuming: The run resumes from a checkpoint, whose weights replace the built ones:
-                a cached warm-start that missed its target is not warned about again (unless
-                ``beta > 0``: the reference model is still the built one).
-
-        Raises:
-            ValueError: the recipe's warm-start part is not a data part.
-        """
-        source = self.model_source
-        if isinstance(source, TinyCausalLM):
-            from mrl_lightning.mwra.rng import rng_state, set_rng_state
-
-            saved = rng_state()  # a cache miss (init + warm-start) must leave the generators as a hit does
-            try:
-                source = str(source.materialize(self, datamodule, log=cache_log,
-                                                   warn_shortfall=not resuming or self.beta > 0))
-            finally:
-                set_rng_state(saved)
-            if self.strong_parts is None and source and self.model_source.warm_start_part:
-                self.strong_parts = [self.model_source.warm_start_part]
-        return os.path.expanduser(source)
-
-    @property
-    def builds_from_recipe(self) -> bool:
-        """True when the model is built by a recipe (:class:`~mrl_lightning.recipes.TinyCausalLM`),
-        whose vocabulary is known only once its tokenizer is trained."""
-        return isinstance(self.model_source, TinyCausalLM)
-
-    def model_config(self):
-        """The model's ``transformers`` config without loading weights; None when unreadable.
-
-        A recipe gives the config it would build (vocabulary at its upper bound); a folder
-        or hub id is read with ``AutoConfig.from_pretrained`` (offline hub ids give None).
-        """
-        if isinstance(self.model_source, TinyCausalLM):
-            return self.model_source.model_config()
-        try:
-            from transformers import AutoConfig
-
-            source = os.path.expanduser(self.model_source)
-            return AutoConfig.from_pretrained(source, **hub_load_kwargs(source, "model", self.policy_name))
-        except Exception:  # noqa: BLE001 - the plan then says "?" for this policy
-            return None
-
-    def build(self, datamodule=None, cache_log=print, with_model: bool = True) -> None:
-        """Materialize (recipe), then load the tokenizer and, with ``with_model``, the model.
-
-        A worker that does not run this policy still needs its tokenizer (THL maps the
-        policy's text and tokens for its peers), so it builds with ``with_model=False``.
-
-        Raises:
-            ValueError: tokenizer without a pad or EOS token.
-        """
-        from transformers import AutoModelForCausalLM
-
-        source = self.materialize(datamodule, cache_log)
-        if self.tokenizer is None:
-            errors = self._tokenizer_errors(os.path.expanduser(self.tokenizer_source or source))
-            if errors:
-                raise ConfigError("\n".join(errors))
-        if not with_model:
-            return
-        hub = hub_load_kwargs(source, "model", f"policy {self.policy_name!r}")
-        with quiet_local_load(source):
-            self.model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **hub)
-        self.model.train()  # from_pretrained returns eval mode
-        if self.disable_dropout:
-            for module in self.model.modules():
-                if isinstance(module, torch.nn.Dropout):
-                    module.p = 0.0
-                if hasattr(module, "attention_dropout") and isinstance(module.attention_dropout, float):
-                    module.attention_dropout = 0.0
-        if self.beta > 0:
-            with quiet_local_load(source):
-                ref = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **hub).eval()
-            ref.requires_grad_(False)
-            self._ref_model = [ref]
 
     @property
     def ref_model(self) -> torch.nn.Module | None:
+        """The frozen reference model (``beta > 0``), or None."""
         return self._ref_model[0] if self._ref_model else None
+
+    def attach_reference(self, model: torch.nn.Module | None) -> None:
+        """Hold ``model`` as the reference, outside this module's parameters and ``state_dict``."""
+        self._ref_model = [] if model is None else [model]
+
+    @property
+    def builds_from_recipe(self) -> bool:
+        """True when the model is built by a :class:`~mrl_lightning.model_source.ModelRecipe`,
+        whose vocabulary is known only once its tokenizer is trained."""
+        return isinstance(self.model_source, ModelRecipe)
+
+    def note_optimizer_step(self) -> None:
+        """Count one optimizer step of this process's model (:attr:`optimizer_steps_taken`).
+
+        Engines that hold their own copy of the weights (vLLM) compare it with the count of
+        their last push: ``torch.optim.AdamW(fused=True)`` changes parameters without
+        advancing their version counters (measured with torch 2.13), so versions alone miss it.
+        """
+        self.optimizer_steps_taken += 1
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """AdamW over the trainable parameters.
@@ -483,162 +341,3 @@ class PolicyModule(pl.LightningModule):
         return {"name": self.policy_name, "params": n, "vocab": len(self.tokenizer) if self.tokenizer else 0,
                 "family": getattr(getattr(self.model, "config", None), "model_type", "?")}
 
-
-def loss_mask(policy: PolicyModule, rollouts) -> Tensor:
-    """``[N, L]`` bool: the completion tokens the GRPO loss counts (``mask_truncated_completions`` applied)."""
-    mask = rollouts.completion_mask.clone()
-    if policy.mask_truncated_completions:
-        mask &= ~rollouts.truncated.to(mask.device).unsqueeze(1)
-    return mask
-
-
-def loss_counts(policy: PolicyModule, rollouts) -> dict[str, float]:
-    """This rank's loss normalizers: ``sequences`` (N) and counted ``tokens``."""
-    return {"sequences": float(rollouts.completion_ids.shape[0]), "tokens": float(loss_mask(policy, rollouts).sum())}
-
-
-def warmup_learning_rate(policy: PolicyModule, optimizer) -> float:
-    """Set every param group's lr for the coming step of ``optimizer`` (``warmup_steps``); return it.
-
-    Step k (0-based: the optimizer's state holds k steps so far) uses
-    ``learning_rate * min(1, (k + 1) / warmup_steps)``. Without warm-up the lr is left as it is.
-    """
-    if not policy.warmup_steps:
-        return policy.learning_rate
-    taken = 0
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            step = optimizer.state.get(param, {}).get("step")
-            if step is not None:
-                taken = max(taken, int(step))
-    lr = policy.learning_rate * min(1.0, (taken + 1) / policy.warmup_steps)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    return lr
-
-
-def policy_update(policy: PolicyModule, batch, model, fabric, optimizer,
-                  sync_gradients: Callable[[list], None] | None = None) -> dict[str, float]:
-    """One policy's update on its composed batch: ``num_iterations`` optimizer steps (docs/grpo.md).
-
-    The GRPO loss is split into micro-batches of ``micro_batch_size`` sequences whose
-    normalizers are the whole batch's (``num_sequences`` / ``num_tokens``), so any split
-    gives the same gradient. With data parallelism the normalizers are the totals over the
-    policy's group of ranks (``batch.group_counts``) and ``sync_gradients`` sums the
-    gradients over the group before clipping, so k ranks give the gradient of one rank on
-    the whole batch. Probes' auxiliary losses are added once per iteration, each
-    backpropagated on its own so that its share of the gradient is logged
-    (``probe/<term>/<p>/grad_share``) and, when the term sets ``max_grad_share``, bounded
-    (:mod:`mrl_lightning.objectives.aux_share`). Rollouts sampled
-    by another engine (vLLM: ``sampling_logprobs`` set) are first scored by ``model`` without
-    gradient; those log-probs become the old log-probs, and the sampler's mismatch is
-    corrected with bounded importance weights and logged under ``rollout/<p>/``
-    (:func:`mrl_lightning.rollout.sampler_correction.correct_sampler_mismatch`, docs/rollout.md).
-
-    Args:
-        policy: The policy.
-        batch: Its :class:`~mrl_lightning.batch.TrainBatch`.
-        model: The Fabric-wrapped model (``fabric.setup``) to run forward passes with.
-        fabric: The Fabric instance (backward, gradient clipping).
-        optimizer: The policy's Fabric-wrapped optimizer.
-        sync_gradients: Called with the trainable parameters after every backward pass of
-            an iteration and before clipping (the group's gradient all-reduce); None = one rank.
-
-    Returns:
-        Metrics of the last iteration (loss, KL, clip ratio, entropy, grad norm, aux terms), and
-        ``train/<p>/aux_loss_time_s``: seconds spent on the probes' auxiliary terms (their
-        forward and backward passes and the share bound) over every iteration; 0 without terms.
-    """
-    from mrl_lightning.numerics import skip_nonfinite_update
-    from mrl_lightning.objectives.aux_share import backward_aux_losses
-    from mrl_lightning.objectives.grpo import grpo_loss, masked_mean
-
-    r = batch.scored.rollouts
-    n_local = r.completion_ids.shape[0]
-    advantages = batch.advantages.reshape(n_local).to(r.old_logprobs.device)
-    mask = loss_mask(policy, r)
-    group = batch.group_counts or loss_counts(policy, r)
-    n_seq, n_tokens = int(group["sequences"]), max(float(group["tokens"]), 1.0)
-    local_tokens = float(mask.sum().clamp(min=1))
-    micro = policy.micro_batch_size or n_local
-    slices = [slice(i, i + micro) for i in range(0, n_local, micro)]
-
-    def logprobs(sl, module, entropy=False):
-        return policy.completion_logprobs(r.prompt_ids[sl], r.prompt_mask[sl], r.completion_ids[sl],
-                                          r.completion_mask[sl], model=module, with_entropy=entropy)
-
-    ref = None
-    if policy.beta > 0:  # the reference scores in the update's precision (autocast), like the policy
-        with torch.no_grad(), (fabric.autocast() if hasattr(fabric, "autocast") else contextlib.nullcontext()):
-            ref = torch.cat([logprobs(sl, policy.ref_model)[0] for sl in slices])
-    metrics: dict[str, float] = {}
-    sampler_weights = None
-    if getattr(r, "sampling_logprobs", None) is not None:  # another engine sampled (vLLM): docs/rollout.md
-        with torch.no_grad():  # the update's own forward (same precision context) gives the old log-probs
-            trainer_logp = torch.cat([logprobs(sl, model)[0] for sl in slices])
-        sampler_weights, sampler_metrics = correct_sampler_mismatch(policy, r, trainer_logp)
-        metrics.update(sampler_metrics)
-    for iteration in range(policy.num_iterations):
-        optimizer.zero_grad(set_to_none=True)
-        totals = {"loss": 0.0, "kl": 0.0, "clip_low": 0.0, "clip_high": 0.0, "entropy": 0.0}
-        ratios = []
-        for sl in slices:
-            logp, ent = logprobs(sl, model, entropy=iteration == 0)
-            out = grpo_loss(
-                logp, r.old_logprobs[sl], advantages[sl], mask[sl], loss_type=policy.loss_type,
-                epsilon=policy.epsilon, epsilon_high=policy.epsilon_high, beta=policy.beta,
-                use_bias_correction_kl=policy.use_bias_correction_kl, kl_log_ratio_clamp=policy.kl_log_ratio_clamp,
-                ref_logp=None if ref is None else ref[sl], max_completion_length=policy.max_completion_length,
-                num_sequences=n_seq, num_tokens=n_tokens,
-                sampler_weights=None if sampler_weights is None else sampler_weights[sl],
-            )
-            fabric.backward(out.loss)
-            share = float(mask[sl].sum()) / local_tokens
-            totals["loss"] += float(out.loss.detach())
-            totals["clip_low"] += float(masked_mean(out.clipped_low.float(), mask[sl])) * share
-            totals["clip_high"] += float(masked_mean(out.clipped_high.float(), mask[sl])) * share
-            if out.kl is not None:
-                totals["kl"] += float(masked_mean(out.kl.detach(), mask[sl])) * share
-            if ent is not None:
-                totals["entropy"] += float(masked_mean(ent, mask[sl])) * share
-            if mask[sl].any():
-                counted = out.ratio.detach()[mask[sl]]
-                ratios += [float(counted.min()), float(counted.max())]
-        params = [p for p in policy.model.parameters() if p.requires_grad]
-        aux_key, aux_s = f"train/{policy.policy_name}/aux_loss_time_s", 0.0  # summed over inner iterations
-        if batch.aux_losses:  # each term apart: its share of the update, and its bound (objectives/aux_share.py)
-            t0 = time.perf_counter()
-            metrics.update(backward_aux_losses(batch.aux_losses, policy, model, fabric.backward, params,
-                                               tag=lambda term: f"probe/{term}/{policy.policy_name}"))
-            aux_s = time.perf_counter() - t0
-        metrics[aux_key] = metrics.get(aux_key, 0.0) + aux_s
-        if sync_gradients is not None:
-            sync_gradients(params)
-        skipped = skip_nonfinite_update(policy, params)  # NaN/inf gradient: no step (mrl_lightning.numerics)
-        if skipped:
-            optimizer.zero_grad(set_to_none=True)
-            grad_norm = float("nan")
-        elif policy.max_grad_norm is not None:
-            grad_norm = fabric.clip_gradients(model, optimizer, max_norm=policy.max_grad_norm)
-        else:
-            grads = [p.grad.detach().norm() for p in params if p.grad is not None]
-            grad_norm = torch.stack(grads).norm() if grads else torch.zeros(())
-        if not skipped:
-            lr = warmup_learning_rate(policy, optimizer)
-            if policy.warmup_steps:
-                metrics[f"train/{policy.policy_name}/learning_rate"] = lr
-            optimizer.step()
-            note_optimizer_step(policy.model)  # a vLLM engine pushes the new weights before it samples again
-        p = policy.policy_name
-        key = f"train/{p}/nonfinite_updates_skipped"  # over every inner iteration of the step
-        metrics[key] = metrics.get(key, 0.0) + float(skipped)
-        metrics.update({
-            f"train/{p}/loss": totals["loss"], f"train/{p}/grad_norm": float(grad_norm),
-            f"train/{p}/clip_ratio_low": totals["clip_low"], f"train/{p}/clip_ratio_high": totals["clip_high"],
-            f"train/{p}/ratio_max": max(ratios, default=1.0), f"train/{p}/ratio_min": min(ratios, default=1.0),
-        })
-        if policy.beta > 0:
-            metrics[f"train/{p}/kl_nats"] = totals["kl"]
-        if iteration == 0:
-            metrics[f"train/{p}/entropy_nats"] = totals["entropy"]
-    return metrics

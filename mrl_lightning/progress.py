@@ -1,6 +1,9 @@
-"""Console progress display for the loop (rich)."""
+"""Console output of the loop: the progress display (rich) and the lines that end a run."""
 
 from __future__ import annotations
+
+import shlex
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import (
@@ -47,3 +50,19 @@ class RunProgress:
             if key.endswith("/success_weak"):
                 parts.append(f"{key.split('/')[1]} weak={value:.2f}")
         self.progress.update(self.task, completed=step, description=" ".join(parts))
+
+
+def interrupted_line(step: int, last_checkpoint: Path, checkpoint_every_n_steps: int) -> str:
+    """What Ctrl-C prints: the step it stopped in and the ``--ckpt_path`` to resume from (shell-quoted)."""
+    every = f"trainer.checkpoint_every_n_steps: {checkpoint_every_n_steps}"
+    hint = (f"resume with --ckpt_path {shlex.quote(str(last_checkpoint))} (the newest checkpoint; the steps after "
+            f"it are run again, as often as {every} says)" if last_checkpoint.exists()
+            else f"no checkpoint was written yet ({every}; lower it to lose fewer steps)")
+    return f"\nInterrupted during step {step + 1}; {hint}."
+
+
+def done_line(step: int, last_checkpoint: Path, root_dir: str) -> str:
+    """What a finished run prints: its last checkpoint, how to continue, where the logs are (paths shell-quoted)."""
+    last = shlex.quote(str(last_checkpoint))
+    return (f"Done at step {step}. Checkpoint: {last} (continue to a larger trainer.max_steps with --ckpt_path "
+            f"{last}). Logs: tensorboard --logdir {shlex.quote(str(root_dir))}")

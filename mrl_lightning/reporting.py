@@ -194,3 +194,32 @@ def eval_metrics(
     counts, samples = eval_counts(system, eval_items, list(system.policies), num_samples, eval_num_generations,
                                   lambda name, part: seed)
     return eval_metrics_from_counts(system, counts), samples
+
+
+def evaluate_on_workers(system, eval_items: dict[str, list], workers, num_samples: int, eval_num_generations: int,
+                        seed_for_part: Callable[[str, str], int]) -> tuple[dict[str, float], list[tuple[str, str]]]:
+    """Evaluate this rank's policies on its shard of the held-out prompts, merged over every rank.
+
+    Args:
+        system: The :class:`~mrl_lightning.system.MutualRL`.
+        eval_items: Part name -> held-out prompts.
+        workers: This rank's :class:`~mrl_lightning.mwra.Workers` (its policies, shards, the gather).
+        num_samples: Greedy completions per policy kept as a text table (by the group's leader).
+        eval_num_generations: k sampled completions per prompt (0 = greedy only).
+        seed_for_part: ``(policy, part) -> seed`` of the sampled evaluation's own stream.
+
+    Returns:
+        The scalars of :func:`eval_metrics_from_counts` (the same on every rank), and
+        ``(policy, markdown table)`` of every rank's text samples, in rank order.
+    """
+    counts, samples = eval_counts(system, eval_items, workers.local_policies, num_samples, eval_num_generations,
+                                  seed_for_part, shard=workers.shard, with_samples=workers.is_leader)
+    gathered = workers.all_gather((counts, samples), "eval")
+    metrics = eval_metrics_from_counts(system, merge_eval_counts([c for c, _ in gathered]))
+    return metrics, [(name, text) for _, rank_samples in gathered for name, text in rank_samples.items()]
+
+
+def eval_summary(metrics: dict[str, float]) -> str:
+    """The console's ``[eval]`` line: each policy's sampled strong / weak success and its weak greedy one."""
+    return "  ".join(f"{k.split('/', 1)[1]}={v:.2f}" for k, v in metrics.items()
+                     if k.endswith(("/success_weak", "/success_strong", "greedy_success_weak")))

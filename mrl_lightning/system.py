@@ -20,8 +20,9 @@ from mrl_lightning.numerics import check_finite_logprobs, named_sampling_errors
 from mrl_lightning.objectives.grpo import combine_rewards
 from mrl_lightning.policy import PolicyModule
 from mrl_lightning.rewards import ReasoningGymAccuracy, RewardFunction, checked_rewards
-from mrl_lightning.rollout import HFGenerateEngine
-from mrl_lightning.rollout.vllm_setup import build_vllm_engine
+from mrl_lightning.rollout.base import RolloutEngine
+from mrl_lightning.rollout.hf_generate import HFGenerateEngine
+from mrl_lightning.builders.engines import build_vllm_engine
 
 
 class MutualRL(pl.LightningModule):
@@ -76,10 +77,10 @@ class MutualRL(pl.LightningModule):
         self.success_threshold = success_threshold
         self.verifier = strict[0]
         self.verifier_index = reward_funcs.index(self.verifier)
-        self.engine = HFGenerateEngine()
-        self.engines: dict = {}  # policy name -> its vLLM engine, built at its first rollout
+        self.engine: RolloutEngine = HFGenerateEngine()
+        self.engines: dict[str, RolloutEngine] = {}  # policy name -> its vLLM engine, built at its first rollout
 
-    def engine_for(self, policy: PolicyModule, prompts_per_rank: int):
+    def engine_for(self, policy: PolicyModule, prompts_per_rank: int) -> RolloutEngine:
         """The rollout engine of ``policy``: the shared Hugging Face engine, or its own vLLM engine.
 
         A vLLM engine is built at the policy's first rollout, after every model of this
@@ -88,7 +89,7 @@ class MutualRL(pl.LightningModule):
 
         Raises:
             ConfigError: the vLLM engine cannot be placed (see
-                :func:`~mrl_lightning.rollout.vllm_setup.build_vllm_engine`).
+                :func:`~mrl_lightning.builders.engines.build_vllm_engine`).
         """
         if policy.rollout_engine != "vllm":
             return self.engine
@@ -126,6 +127,7 @@ class MutualRL(pl.LightningModule):
                 policy.model, policy.tokenizer, policy.encode_prompts(prompts),
                 num_generations=policy.num_generations, max_completion_length=policy.max_completion_length,
                 temperature=policy.temperature, top_p=policy.top_p, top_k=policy.top_k,
+                weights_version=policy.optimizer_steps_taken,
             )
         check_finite_logprobs(policy.policy_name, out.old_logprobs, out.completion_mask)
         repeated = [x for x in items for _ in range(policy.num_generations)]
@@ -140,6 +142,7 @@ class MutualRL(pl.LightningModule):
         out = self.engine_for(policy, len(items)).generate(
             policy.model, policy.tokenizer, policy.encode_prompts([policy.render_prompt(x) for x in items]),
             num_generations=1, max_completion_length=policy.max_completion_length, do_sample=False,
+            weights_version=policy.optimizer_steps_taken,
         )
         _, _, success = self.score(out.completion_texts, items)
         return float(success.float().mean()), out.completion_texts
@@ -165,6 +168,7 @@ class MutualRL(pl.LightningModule):
                 policy.model, policy.tokenizer, policy.encode_prompts([policy.render_prompt(x) for x in items]),
                 num_generations=num_samples, max_completion_length=policy.max_completion_length,
                 temperature=policy.temperature, top_p=policy.top_p, top_k=policy.top_k,
+                weights_version=policy.optimizer_steps_taken,
             )
         repeated = [x for x in items for _ in range(num_samples)]
         _, _, success = self.score(out.completion_texts, repeated)

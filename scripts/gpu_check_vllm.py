@@ -84,7 +84,7 @@ def run_check(steps: int = 3, family: str = "llama", dtype: str = "bfloat16", pr
     """Run the check; returns the exit code (module docstring).
 
     ``accelerator``, ``factory`` and ``device_memory_gib`` (see
-    :func:`mrl_lightning.rollout.vllm_setup.build_vllm_engine`) let the project's tests run
+    :func:`mrl_lightning.builders.engines.build_vllm_engine`) let the project's tests run
     this same check on a CPU against their double of vLLM.
     """
     import torch
@@ -96,8 +96,9 @@ def run_check(steps: int = 3, family: str = "llama", dtype: str = "bfloat16", pr
     from lightning.fabric import Fabric
 
     from mrl_lightning.batch import TrainBatch
-    from mrl_lightning.policy import PolicyModule, policy_update
-    from mrl_lightning.rollout.vllm_setup import build_vllm_engine
+    from mrl_lightning.builders import build_policy, build_vllm_engine
+    from mrl_lightning.policy import PolicyModule
+    from mrl_lightning.update import policy_update
 
     failures: list[str] = []
     rows: list[dict] = []
@@ -107,7 +108,7 @@ def run_check(steps: int = 3, family: str = "llama", dtype: str = "bfloat16", pr
                               max_prompt_length=64, max_completion_length=32, learning_rate=learning_rate,
                               vllm_dtype=dtype)
         fabric = Fabric(accelerator=accelerator, devices=1, precision=precision)
-        policy.build()
+        build_policy(policy)
         wrapped, opt = fabric.setup(policy.model, policy.configure_optimizers())
         t0 = time.perf_counter()
         engine = build_vllm_engine(policy, [policy], len(PROMPTS), factory=factory, device_memory_gib=device_memory_gib)

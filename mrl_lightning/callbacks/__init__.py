@@ -12,8 +12,9 @@ Probes compose: a run may list several (e.g. ``SharedExperienceExchange`` then
   which one wins is printed at setup.
 - ``SuccessGatedTransfer`` (SGT, docs/probes.md) and PRP *append* a loss term to
   ``batch.aux_losses``; appended terms add up and never replace each other.
-- ``SharedExperienceExchange`` must come before every probe (probes read
-  ``trainer.exchange``; each probe's ``config_errors`` checks that it is listed).
+- ``SharedExperienceExchange`` must come before every probe: it provides the
+  ``"exchange"`` service the probes declare in ``requires`` (read as ``ctx.exchange``;
+  checked before any model is built, :func:`~mrl_lightning.callbacks.base.service_errors`).
 
 So XGRPO + SGT gives XGRPO's advantages on own samples plus SGT's transfer term, in
 either order; PRP + SGT gives PRP's pooled advantages, its peer term and SGT's term.

@@ -1,26 +1,36 @@
-"""The hook bus: callbacks the multi-module loop calls by name (docs/loop.md).
+"""The hook bus: callbacks the multi-module loop calls by name, and what each hook is handed (docs/loop.md).
 
-The loop calls ``fabric.call(hook, ...)`` and every callback that defines the hook
-answers, in list order. Hooks, in the order one step calls them:
+The loop calls ``fabric.call(hook, ctx, ...)`` and every callback that defines the hook
+answers, in list order. ``ctx`` is the run's :class:`HookContext`: everything a callback
+may read about the run (counters, this rank's workers, services other callbacks provide,
+the console); callbacks never read or write the trainer. Hooks, in the order one step
+calls them:
 
-``setup(trainer, system, datamodule)``
+``setup(ctx, system, datamodule)``
     once, after the policies are built, before step 1 (and before a checkpoint loads).
-``on_fit_start(trainer, system)``
-``on_rollouts_end(trainer, system, scored)``
+``on_fit_start(ctx, system)``
+``on_rollouts_end(ctx, system, scored)``
     the exchange point: ``scored`` maps policy name -> :class:`ScoredRollouts` for the
     policies *this rank* runs (its share of the step's prompts); SEE sends its records to
-    every rank here (``trainer.workers.exchange``).
-``on_compose_batch(trainer, system, policy, batch)``
+    every rank here (``ctx.workers.exchange``).
+``on_compose_batch(ctx, system, policy, batch)``
     once per policy this rank runs: probes add to :class:`TrainBatch` (advantages,
     auxiliary losses, loss normalizers in ``batch.counts``, metrics). Probes run in
     callback-list order. ``system.policies`` holds every policy's tokenizer on every
     rank, but only this rank's policies have a model.
-``on_train_step_end(trainer, system, metrics)``
+``on_train_step_end(ctx, system, metrics)``
     after the update of every policy this rank runs; ``metrics`` holds this rank's
     scalars of the step; add scalars to it to log them (they are combined over ranks at
-    each log step).
-``on_eval_end(trainer, system, metrics)``
-``on_fit_end(trainer, system)``
+    each log step by their kind, :mod:`mrl_lightning.metrics`).
+``on_eval_end(ctx, system, metrics)``
+``on_fit_end(ctx, system)``
+
+Before any model is built the loop calls ``config_errors(ctx, system)`` on every
+callback (``ctx.workers`` is None then; ``ctx.placement`` is set) and checks what the
+callbacks declare: each service a callback :attr:`~MRLCallback.requires` (e.g.
+``"exchange"``) must be in the :attr:`~MRLCallback.provides` of a callback earlier in the
+list (:func:`service_errors`). At ``setup`` the loop collects the providers' services
+(:meth:`~MRLCallback.services`) into ``ctx.services``.
 
 Callbacks with state implement ``state_dict`` / ``load_state_dict``; their
 ``state_key`` keeps two instances of one class apart in a checkpoint.
@@ -28,20 +38,86 @@ Callbacks with state implement ``state_dict`` / ``load_state_dict``; their
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+# A service a callback can provide -> the callback users list for it (named in errors).
+SERVICE_PROVIDERS = {"exchange": "mrl_lightning.callbacks.SharedExperienceExchange"}
+
+
+@dataclass
+class HookContext:
+    """What every hook is handed about the run; the loop keeps it current.
+
+    Attributes:
+        callbacks: The callbacks, in list order.
+        placement: The MWRA placement (ranks per policy; :class:`~mrl_lightning.mwra.Placement`).
+        workers: This rank's :class:`~mrl_lightning.mwra.Workers` (its policies, shards,
+            collectives); None before the processes are launched (``config_errors``).
+        fabric: The Fabric instance (``autocast`` for forward passes in the update's precision).
+        log_dir: The run folder.
+        is_global_zero: True on rank 0.
+        print: Prints once (rank 0) to the console.
+        global_step: Training steps done.
+        rollout_step: Rollout phases done (the step a record of this step carries).
+        services: Services provided by callbacks, by name (``"exchange"``: the SEE buffer).
+    """
+
+    callbacks: list = field(default_factory=list)
+    placement: Any = None
+    workers: Any = None
+    fabric: Any = None
+    log_dir: str = ""
+    is_global_zero: bool = True
+    print: Callable[..., None] = print
+    global_step: int = 0
+    rollout_step: int = 0
+    services: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def exchange(self):
+        """The SEE buffer (:class:`~mrl_lightning.exchange.ExperienceExchange`), provided by
+        :class:`~mrl_lightning.callbacks.SharedExperienceExchange`.
+
+        Raises:
+            LookupError: no callback provides it (checked at set-up; see :func:`service_errors`).
+        """
+        if "exchange" not in self.services:
+            raise LookupError("no callback provides 'exchange': list mrl_lightning.callbacks.SharedExperienceExchange "
+                              "before the probes in trainer.callbacks.")
+        return self.services["exchange"]
 
 
 class MRLCallback:
-    """Base class of mrl-lightning callbacks (all hooks optional)."""
+    """Base class of mrl-lightning callbacks (all hooks optional).
+
+    Attributes:
+        requires: Services this callback reads from ``ctx.services`` (e.g. ``("exchange",)``);
+            a callback earlier in the list must provide each.
+        provides: Services this callback provides (returned by :meth:`services` at set-up).
+        replaces_advantages: The callback replaces the own samples' advantages when it composes
+            a batch (XGRPO, PRP): with two such probes the later one's advantages are used.
+        reads_failed_rollouts: The callback reads RolloutRecords of failed completions too (PRP),
+            so SEE must publish every rollout, not the successes' only.
+    """
+
+    requires: tuple[str, ...] = ()
+    provides: tuple[str, ...] = ()
+    replaces_advantages: bool = False
+    reads_failed_rollouts: bool = False
 
     @property
     def state_key(self) -> str:
         """Key of this callback's state in a checkpoint (class name by default)."""
         return type(self).__name__
 
-    def config_errors(self, trainer, system) -> list[str]:
+    def config_errors(self, ctx: HookContext, system) -> list[str]:
         """Problems with this callback in this run, checked before any model is built."""
         return []
+
+    def services(self) -> dict[str, Any]:
+        """The services named in :attr:`provides`, by name (called once, at set-up)."""
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -57,3 +133,31 @@ class MRLCallback:
         by prompt across ranks overrides this to merge the parts.
         """
         return states[0]
+
+
+def service_errors(callbacks: list) -> list[str]:
+    """Each callback's :attr:`~MRLCallback.requires` that no earlier callback :attr:`~MRLCallback.provides`.
+
+    Returns:
+        One message per missing service, naming the callback, the service and the fix.
+    """
+    errors, provided = [], set()
+    for index, cb in enumerate(callbacks):
+        for service in getattr(cb, "requires", ()):
+            if service not in provided:
+                later = any(service in getattr(other, "provides", ()) for other in callbacks[index + 1:])
+                who = SERVICE_PROVIDERS.get(service, f"a callback that provides {service!r}")
+                fix = f"move {who} before it" if later else f"add {who} before it"
+                errors.append(f"{type(cb).__name__} (trainer.callbacks[{index}]) needs {service!r}, which no earlier "
+                              f"callback provides: {fix} (callbacks/*.yaml list both).")
+        provided.update(getattr(cb, "provides", ()))
+    return errors
+
+
+def collect_services(callbacks: list) -> dict[str, Any]:
+    """The services of every provider, by name (a later provider of one name replaces an earlier one)."""
+    out: dict[str, Any] = {}
+    for cb in callbacks:
+        if getattr(cb, "provides", ()):
+            out.update(cb.services())
+    return out

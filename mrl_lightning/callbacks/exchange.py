@@ -3,8 +3,9 @@
 Thin adapter: the records and the buffer live in :mod:`mrl_lightning.exchange`. It
 publishes, for every policy and prompt, one GroupStatsRecord, one RolloutRecord per
 completion, and one SuccessRecord per completion the strict verifier accepted (never a
-self-reported success). The exchange is exposed as ``trainer.exchange`` for probes and
-is saved in checkpoints, so a resumed run has the same exchange contents.
+self-reported success). It provides the ``"exchange"`` service (``ctx.exchange``) that
+probes require, and saves the exchange in checkpoints, so a resumed run has the same
+exchange contents.
 """
 
 from __future__ import annotations
@@ -99,14 +100,20 @@ class SharedExperienceExchange(MRLCallback):
         return ExperienceExchange(capacity=self.capacity, max_staleness=self.max_staleness, log_path=log_path,
                                   max_bytes=self.max_bytes, max_staleness_by_type=self.max_staleness_by_type)
 
-    def config_errors(self, trainer, system) -> list[str]:
+    provides = ("exchange",)
+
+    def services(self) -> dict[str, Any]:
+        """``{"exchange": ExperienceExchange}``: the buffer probes read (``ctx.exchange``)."""
+        return {"exchange": self.exchange}
+
+    def config_errors(self, ctx, system) -> list[str]:
         """Probes (callbacks with ``see_reads``) that need records this exchange does not publish or keep."""
         errors = []
         if self.rollouts_of_successes_only:
-            errors += [f"{type(cb).__name__} pools every peer rollout (failures too), but SharedExperienceExchange."
+            errors += [f"{type(cb).__name__} reads every peer rollout (failures too), but SharedExperienceExchange."
                        "rollouts_of_successes_only=true publishes only successful ones; set it to false."
-                       for cb in trainer.callbacks if type(cb).__name__ == "PeerRolloutPooling"]
-        for cb in trainer.callbacks:
+                       for cb in ctx.callbacks if getattr(cb, "reads_failed_rollouts", False)]
+        for cb in ctx.callbacks:
             for name, steps in (getattr(cb, "see_reads", None) or {}).items():
                 probe = type(cb).__name__
                 if name not in self.record_types:
@@ -122,12 +129,11 @@ class SharedExperienceExchange(MRLCallback):
                                   f"{steps} or lower {probe}.max_staleness to {kept}.")
         return errors
 
-    def setup(self, trainer, system, datamodule) -> None:
-        if self.log_path and trainer.is_global_zero:  # every rank holds the same records; one writes the log
-            path = self.log_path if os.path.isabs(self.log_path) else os.path.join(trainer.log_dir, self.log_path)
+    def setup(self, ctx, system, datamodule) -> None:
+        if self.log_path and ctx.is_global_zero:  # every rank holds the same records; one writes the log
+            path = self.log_path if os.path.isabs(self.log_path) else os.path.join(ctx.log_dir, self.log_path)
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             self.exchange = self._new_exchange(log_path=path)
-        trainer.exchange = self.exchange
 
     def records_for(self, scored, step: int, policy, verifier) -> list:
         """SEE records of one policy's scored rollouts."""
@@ -170,16 +176,16 @@ class SharedExperienceExchange(MRLCallback):
                     ))
         return out
 
-    def on_rollouts_end(self, trainer, system, scored: dict) -> None:
+    def on_rollouts_end(self, ctx, system, scored: dict) -> None:
         """Publish this step's records of every rank, in the same order on every rank."""
-        step = trainer.rollout_step
+        step = ctx.rollout_step
         local = {name: self.records_for(s, step, system.policies[name], system.verifier) for name, s in scored.items()}
-        workers = getattr(trainer, "workers", None)
+        workers = getattr(ctx, "workers", None)
         records = workers.exchange(local) if workers is not None else [r for rs in local.values() for r in rs]
         self.exchange.advance(step)  # stale records leave first, so the byte bound evicts only live ones
         self.exchange.publish(records)
 
-    def on_train_step_end(self, trainer, system, metrics: dict) -> None:
+    def on_train_step_end(self, ctx, system, metrics: dict) -> None:
         metrics.update(self.exchange.metrics())
 
     def state_dict(self) -> dict[str, Any]:

@@ -8,10 +8,11 @@ It exists so that the control is chosen the same way as every probe
 from __future__ import annotations
 
 from mrl_lightning.callbacks.base import MRLCallback
+from mrl_lightning.metrics import Sum
 
 
 class NoSharing(MRLCallback):
     """Control arm: no experience is shared."""
 
-    def on_compose_batch(self, trainer, system, policy, batch) -> None:
-        batch.metrics[f"probe/none/{policy.policy_name}/transfers"] = 0.0
+    def on_compose_batch(self, ctx, system, policy, batch) -> None:
+        batch.metrics[f"probe/none/{policy.policy_name}/transfers"] = Sum(0.0)

@@ -2,7 +2,7 @@
 
 Thin adapter over :mod:`mrl_lightning.probes.prp` and THL. For receiver i and each of its
 prompts x it takes up to M peer ``RolloutRecord`` s (source j != i) from SEE
-(``trainer.exchange``), retokenizes each completion into i's tokens behind i's *own*
+(``ctx.exchange``), retokenizes each completion into i's tokens behind i's *own*
 rendered prompt and maps j's sampling log-probs onto those tokens
 (:func:`mrl_lightning.thl.transfer_trace`). Then:
 
@@ -45,12 +45,13 @@ import contextlib
 import torch
 from torch import Tensor
 
+from mrl_lightning.batch import AuxiliaryLoss
 from mrl_lightning.callbacks.base import MRLCallback
 from mrl_lightning.callbacks.xgrpo import advantage_probe_note
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.exchange import RolloutRecord
+from mrl_lightning.metrics import Max, Sum
 from mrl_lightning.objectives.grpo import group_advantages
-from mrl_lightning.policy import loss_counts
 from mrl_lightning.probes.prp import (
     IS_LEVELS,
     IS_MODES,
@@ -58,8 +59,12 @@ from mrl_lightning.probes.prp import (
     prp_token_losses,
     prp_weight_metrics,
 )
-from mrl_lightning.rollout.hf_generate import left_pad
+from mrl_lightning.rollout.base import left_pad
 from mrl_lightning.thl import residual_metrics, transfer_trace
+from mrl_lightning.update import loss_counts
+
+# How PRP's importance-weight statistics combine over a policy's ranks (mrl_lightning.metrics).
+WEIGHT_METRIC_KINDS = {"log_ratio_max": Max, "log_ratio_abs_max": Max, "units": Sum}
 
 
 def own_unit_loss(token_losses: Tensor, mask: Tensor, loss_type: str, own_sequences: int, own_tokens: float,
@@ -91,16 +96,16 @@ def own_unit_loss(token_losses: Tensor, mask: Tensor, loss_type: str, own_sequen
     raise ValueError(f"loss_type={loss_type!r} is not valid; valid: ['grpo', 'bnpo', 'dapo', 'dr_grpo']")
 
 
-class _PRPPeerLoss:
-    """The auxiliary peer loss of one receiver's step (called once per inner iteration)."""
+class _PRPPeerLoss(AuxiliaryLoss):
+    """The auxiliary peer loss of one receiver's step (called once per inner iteration; no share bound)."""
 
     name = "prp"
 
-    def __init__(self, tensors: dict[str, Tensor], probe: PeerRolloutPooling, weight: float, batch, tag: str) -> None:
-        self.t, self.probe, self.weight, self.batch, self.tag = tensors, probe, weight, batch, tag
+    def __init__(self, tensors: dict[str, Tensor], probe: PeerRolloutPooling, weight: float, tag: str) -> None:
+        self.t, self.probe, self.weight, self.tag = tensors, probe, weight, tag
         self.first_metrics: dict[str, float] = {}  # the weight statistics, from the first call
 
-    def __call__(self, policy, model) -> tuple[Tensor, dict[str, float]]:
+    def __call__(self, policy, model, totals: dict[str, float]) -> tuple[Tensor, dict[str, float]]:
         device = next(policy.model.parameters()).device
         t = {k: v.to(device) for k, v in self.t.items()}
         logp, _ = policy.completion_logprobs(t["prompt_ids"], t["prompt_mask"], t["completion_ids"],
@@ -113,9 +118,9 @@ class _PRPPeerLoss:
         losses = prp_token_losses(logp, t["logp_recv"], t["logp_src"], t["loss_mask"], t["advantages"],
                                   p.is_mode, p.is_level, p.c, policy.epsilon, policy.epsilon_high)
         # The own batch's normalizers, summed over the policy's ranks when data-parallel.
-        loss = self.weight * own_unit_loss(losses, t["loss_mask"], policy.loss_type, int(self.batch.total("sequences")),
-                                           self.batch.total("tokens"), policy.max_completion_length)
-        return loss, {**self.first_metrics, f"{self.tag}/loss": float(loss.detach())}
+        loss = self.weight * own_unit_loss(losses, t["loss_mask"], policy.loss_type, int(totals.get("sequences", 0.0)),
+                                           float(totals.get("tokens", 0.0)), policy.max_completion_length)
+        return loss, {**self.first_metrics, f"{self.tag}/loss": Sum(float(loss.detach()))}
 
 
 class PeerRolloutPooling(MRLCallback):
@@ -181,8 +186,12 @@ class PeerRolloutPooling(MRLCallback):
         """Record type read from SEE -> how many steps back (checked by SharedExperienceExchange)."""
         return {"rollout": self.max_staleness}
 
-    def config_errors(self, trainer, system) -> list[str]:
-        """Unknown policy names and a missing SEE callback."""
+    requires = ("exchange",)
+    replaces_advantages = True
+    reads_failed_rollouts = True
+
+    def config_errors(self, ctx, system) -> list[str]:
+        """Unknown policy names, and ``scale_rewards: batch`` on a policy with several ranks."""
         errors = []
         names = list(system.policies)
         for field in ("lambda_per_policy", "sources", "receivers"):
@@ -190,23 +199,13 @@ class PeerRolloutPooling(MRLCallback):
                 if name not in names:
                     errors.append(f"PeerRolloutPooling.{field} names policy {name!r}, which is not in "
                                   f"model.policies {names}.")
-        if not any(type(cb).__name__ == "SharedExperienceExchange" for cb in trainer.callbacks):
-            errors.append("PeerRolloutPooling reads RolloutRecords from SEE: add a SharedExperienceExchange "
-                          "callback before it (callbacks/prp.yaml has both).")
-        errors += self._data_parallel_errors(trainer, system, names)
+        errors += self._data_parallel_errors(getattr(ctx, "placement", None), system)
         return errors
 
-    def _data_parallel_errors(self, trainer, system, names: list[str]) -> list[str]:
+    def _data_parallel_errors(self, placement, system) -> list[str]:
         """PRP's pooled std with ``scale_rewards: batch`` is per rank: refuse it for a policy on several ranks."""
-        if not hasattr(trainer, "placement_mode"):
+        if placement is None:
             return []
-        from mrl_lightning.errors import ConfigError as _ConfigError
-        from mrl_lightning.mwra import build_placement
-
-        try:
-            placement = build_placement(trainer.placement_mode, trainer.policy_ranks, names, trainer.fabric.world_size)
-        except _ConfigError:
-            return []  # the trainer reports the placement's own errors
         return [f"PeerRolloutPooling: policy {name!r} has scale_rewards='batch' and {len(ranks)} data-parallel ranks; "
                 "PRP's pooled reward std is computed on each rank's own prompts, so the ranks would not take the "
                 "one-rank step. Use scale_rewards: group (or none) for it, or give it one rank."
@@ -214,10 +213,10 @@ class PeerRolloutPooling(MRLCallback):
                 if len(ranks) > 1 and (self.receivers is None or name in self.receivers)
                 and system.policies[name].scale_rewards == "batch"]
 
-    def setup(self, trainer, system, datamodule) -> None:
-        note = advantage_probe_note(trainer, self)
+    def setup(self, ctx, system, datamodule) -> None:
+        note = advantage_probe_note(ctx.callbacks, self)
         if note:
-            trainer.print(note)
+            ctx.print(note)
 
     def select(self, records: list[RolloutRecord], system) -> dict[str, list[RolloutRecord]]:
         """Up to M records per prompt: newest step first, alternating between sources."""
@@ -238,11 +237,11 @@ class PeerRolloutPooling(MRLCallback):
             out[pid] = chosen
         return out
 
-    def on_compose_batch(self, trainer, system, policy, batch) -> None:
+    def on_compose_batch(self, ctx, system, policy, batch) -> None:
         """Compose ``policy``'s batch (docs/loop.md): pool peers, replace own advantages, append the peer loss.
 
         Args:
-            trainer: Gives ``exchange`` (SEE) and ``rollout_step``.
+            ctx: The :class:`~mrl_lightning.callbacks.base.HookContext` (``exchange``, ``rollout_step``, ``fabric``).
             system: Gives ``policies`` (each peer's tokenizer, for THL).
             policy: The receiver i.
             batch: i's :class:`~mrl_lightning.batch.TrainBatch`; ``advantages [B, G]`` is
@@ -258,7 +257,7 @@ class PeerRolloutPooling(MRLCallback):
         tag = f"probe/prp/{name}"
         scored, tok = batch.scored, policy.tokenizer
         prompt_ids = [x.prompt_id for x in scored.items]
-        records = trainer.exchange.query(RolloutRecord, receiver=name, step=trainer.rollout_step,
+        records = ctx.exchange.query(RolloutRecord, receiver=name, step=ctx.rollout_step,
                                          prompt_ids=prompt_ids, max_staleness=self.max_staleness)
         chosen = self.select(records, system)
         rows = torch.isfinite(scored.rewards).all(dim=1)
@@ -275,17 +274,17 @@ class PeerRolloutPooling(MRLCallback):
                     failures += 1
                     continue
                 peers.append((b, trace, rec))
-        metrics = {f"{tag}/peers_pooled": float(len(peers)), f"{tag}/retokenize_failures": float(failures),
-                   f"{tag}/prompts_with_peers": float(len({b for b, _, _ in peers})),
-                   f"{tag}/nan_rows_skipped": float((~rows).sum())}
+        metrics = {f"{tag}/peers_pooled": Sum(len(peers)), f"{tag}/retokenize_failures": Sum(failures),
+                   f"{tag}/prompts_with_peers": Sum(len({b for b, _, _ in peers})),
+                   f"{tag}/nan_rows_skipped": Sum(float((~rows).sum()))}
         metrics.update(residual_metrics(traces, prefix=f"thl/prp/{name}/"))
         batch.metrics.update(metrics)
         if not peers:  # a pooled group of G + 0: plain GRPO, so an earlier probe's advantages never leak
             batch.advantages = group_advantages(scored.rewards, policy.scale_rewards, self.eps)
             return
-        self._pool(policy, batch, rows, peers, tag, trainer)
+        self._pool(policy, batch, rows, peers, tag, ctx)
 
-    def _pool(self, policy, batch, rows: Tensor, peers: list, tag: str, trainer=None) -> None:
+    def _pool(self, policy, batch, rows: Tensor, peers: list, tag: str, ctx=None) -> None:
         """Pooled advantages, no-grad receiver log-probs, weight metrics and the peer loss."""
         scored, tok = batch.scored, policy.tokenizer
         slots: dict[int, list[int]] = {}
@@ -327,9 +326,9 @@ class PeerRolloutPooling(MRLCallback):
                 batch.counts.update(loss_counts(policy, scored.rollouts))
             tensors = {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": c_ids, "completion_mask": c_mask,
                        "loss_mask": loss_mask, "logp_src": logp_src, "advantages": advantages}
-            batch.aux_losses.append(_PRPPeerLoss(tensors, self, weight, batch, tag))
+            batch.aux_losses.append(_PRPPeerLoss(tensors, self, weight, tag))
             return
-        fabric = getattr(trainer, "fabric", None)
+        fabric = getattr(ctx, "fabric", None)
         with fabric.autocast() if fabric is not None else contextlib.nullcontext():  # the update's precision
             logp_recv = self._receiver_logprobs(policy, p_ids, p_mask, c_ids, c_mask)
         logp_recv = torch.where(c_mask, logp_recv, torch.zeros_like(logp_recv))
@@ -337,9 +336,12 @@ class PeerRolloutPooling(MRLCallback):
 
     def weight_metrics(self, logp_recv: Tensor, logp_src: Tensor, loss_mask: Tensor, tag: str) -> dict[str, float]:
         """Importance-weight statistics of the pooled peer tokens, under ``<tag>/`` (``ess``, ``log_ratio_max``, ...)."""
-        return {f"{tag}/{key.removeprefix('probe/prp_')}": value
-                for key, value in prp_weight_metrics(logp_recv, logp_src, loss_mask, self.is_mode, self.is_level,
-                                                     self.c).items()}
+        out = {}
+        for key, value in prp_weight_metrics(logp_recv, logp_src, loss_mask, self.is_mode, self.is_level,
+                                             self.c).items():
+            short = key.removeprefix("probe/prp_")
+            out[f"{tag}/{short}"] = WEIGHT_METRIC_KINDS.get(short, float)(value)
+        return out
 
     @staticmethod
     @torch.no_grad()

@@ -1,9 +1,9 @@
 """SuccessGatedTransfer callback: SGT on top of GRPO (``docs/probes.md``).
 
 Thin adapter over :mod:`mrl_lightning.probes.sgt`: reads verified peer SuccessRecords
-from SEE (``trainer.exchange``), retokenizes them behind the receiver's own prompt with
-THL, and adds the transfer loss to the receiver's batch. Needs the
-``SharedExperienceExchange`` callback earlier in the list.
+from SEE (``ctx.exchange``), retokenizes them behind the receiver's own prompt with
+THL, and adds the transfer loss to the receiver's batch. Requires the ``"exchange"``
+service (``SharedExperienceExchange`` earlier in the list; checked at set-up).
 
 Logged under ``probe/sgt/<policy>/``: ``rescue_set_size`` (prompts), ``transfers``
 (demos), ``nll_nats`` (mean per-token NLL of the transferred demos),
@@ -31,6 +31,8 @@ from mrl_lightning.errors import ConfigError
 from mrl_lightning.exchange import RolloutRecord, SuccessRecord
 from mrl_lightning.probes.sgt import (pad_demos, rescue_set, sgt_group_loss, sgt_loss,
                                       transfer_group_advantages)
+from mrl_lightning.batch import AuxiliaryLoss
+from mrl_lightning.metrics import Mean, Sum
 from mrl_lightning.thl import residual_metrics, retokenize, transfer_trace
 
 
@@ -71,39 +73,41 @@ def _demo_logprobs(policy, model, demos) -> tuple[torch.Tensor, torch.Tensor, fl
     return logp, c_mask, float((-(logp.detach() * c_mask).sum() / c_mask.sum().clamp(min=1)))
 
 
-class _SGTTransferLoss:
+class _SGTTransferLoss(AuxiliaryLoss):
+    """``transfer_mode: nll``: ``lambda * A_plus * mean NLL`` over the demos of every rank (:func:`sgt_loss`)."""
+
     name = "sgt"
 
-    def __init__(self, demos, lambda_sgt: float, advantage_plus: float, tag: str, batch,
+    def __init__(self, demos, lambda_sgt: float, advantage_plus: float, tag: str,
                  max_grad_share: float | None = None) -> None:
         self.demos, self.lambda_sgt, self.advantage_plus, self.tag = demos, lambda_sgt, advantage_plus, tag
-        self.batch = batch  # its ``sgt_demos`` total: the demos of every rank of this policy
-        self.max_grad_share = max_grad_share  # read by policy_update (objectives/aux_share.py)
+        self.max_grad_share = max_grad_share
 
-    def __call__(self, policy, model) -> tuple[torch.Tensor, dict[str, float]]:
+    def __call__(self, policy, model, totals: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
         logp, c_mask, nll = _demo_logprobs(policy, model, self.demos)
         loss = sgt_loss(logp, c_mask, self.lambda_sgt, self.advantage_plus,
-                        num_demos=self.batch.total("sgt_demos") or None)
-        return loss, {f"{self.tag}/nll_nats": nll}
+                        num_demos=float(totals.get("sgt_demos", 0.0)) or None)
+        return loss, {f"{self.tag}/nll_nats": Mean(nll, float(c_mask.sum()))}
 
 
-class _SGTGroupLoss:
+class _SGTGroupLoss(AuxiliaryLoss):
     """``transfer_mode: group``: the demos as extra GRPO samples (:func:`sgt_group_loss`)."""
 
     name = "sgt"
 
-    def __init__(self, demos, advantages: torch.Tensor, lambda_sgt: float, tag: str, batch,
+    def __init__(self, demos, advantages: torch.Tensor, lambda_sgt: float, tag: str,
                  max_grad_share: float | None = None) -> None:
         self.demos, self.advantages, self.lambda_sgt, self.tag = demos, advantages, lambda_sgt, tag
-        self.batch = batch  # its normalizers: own samples + demos, summed over the policy's ranks
         self.max_grad_share = max_grad_share
 
-    def __call__(self, policy, model) -> tuple[torch.Tensor, dict[str, float]]:
+    def __call__(self, policy, model, totals: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
         logp, c_mask, nll = _demo_logprobs(policy, model, self.demos)
+        # the normalizers of own samples + demos, summed over the policy's ranks
         loss = sgt_group_loss(logp, c_mask, self.advantages.to(c_mask.device), self.lambda_sgt, policy.loss_type,
-                              num_sequences=self.batch.total("sequences"), num_tokens=self.batch.total("tokens"),
+                              num_sequences=float(totals.get("sequences", 0.0)),
+                              num_tokens=float(totals.get("tokens", 0.0)),
                               max_completion_length=policy.max_completion_length)
-        return loss, {f"{self.tag}/nll_nats": nll}
+        return loss, {f"{self.tag}/nll_nats": Mean(nll, float(c_mask.sum()))}
 
 
 class SuccessGatedTransfer(MRLCallback):
@@ -178,18 +182,15 @@ class SuccessGatedTransfer(MRLCallback):
         """Record type read from SEE -> how many steps back (checked by SharedExperienceExchange)."""
         return {"success": self.max_staleness}
 
-    def config_errors(self, trainer, system) -> list[str]:
-        errors = []
-        names = list(system.policies)
-        for name in list(self.lambda_per_policy) + list(self.receivers or []):
-            if name not in names:
-                errors.append(f"SuccessGatedTransfer names policy {name!r}, which is not in model.policies {names}.")
-        if not any(type(cb).__name__ == "SharedExperienceExchange" for cb in trainer.callbacks):
-            errors.append("SuccessGatedTransfer reads SuccessRecords from SEE: add a SharedExperienceExchange "
-                          "callback before it (callbacks/sgt.yaml has both).")
-        return errors
+    requires = ("exchange",)
 
-    def on_compose_batch(self, trainer, system, policy, batch) -> None:
+    def config_errors(self, ctx, system) -> list[str]:
+        """Policy names in ``lambda_per_policy`` / ``receivers`` that are not in ``model.policies``."""
+        names = list(system.policies)
+        return [f"SuccessGatedTransfer names policy {name!r}, which is not in model.policies {names}."
+                for name in list(self.lambda_per_policy) + list(self.receivers or []) if name not in names]
+
+    def on_compose_batch(self, ctx, system, policy, batch) -> None:
         name = policy.policy_name
         if self.receivers is not None and name not in self.receivers:
             return
@@ -204,7 +205,7 @@ class SuccessGatedTransfer(MRLCallback):
                 if bool(own[b].any()):
                     solved.add(item.prompt_id)
         prompt_ids = [x.prompt_id for x in items]
-        records = trainer.exchange.query(SuccessRecord, receiver=name, step=trainer.rollout_step,
+        records = ctx.exchange.query(SuccessRecord, receiver=name, step=ctx.rollout_step,
                                          prompt_ids=prompt_ids, max_staleness=self.max_staleness)
         peer: dict[str, list[str]] = {}
         source_of: dict[tuple[str, str], str] = {}
@@ -214,7 +215,7 @@ class SuccessGatedTransfer(MRLCallback):
             source_of.setdefault((rec.prompt_id, rec.completion_text), rec.source)
             reward_of.setdefault((rec.prompt_id, rec.completion_text), float(rec.reward))
         chosen = rescue_set(own, prompt_ids, peer, self.kappa, self.max_transfers_per_prompt)
-        traces_by_key = self._source_traces(trainer, chosen, items, source_of)
+        traces_by_key = self._source_traces(ctx, chosen, items, source_of)
         demos, traces, failures = [], [], 0
         demo_rows: dict[int, list[float]] = {}  # row -> its demos' verifier rewards, in demo order
         demo_texts: dict[int, list[str]] = {}  # row -> its demos' texts, in demo order
@@ -249,15 +250,14 @@ class SuccessGatedTransfer(MRLCallback):
             demo_rows = {b: [next(it) for _ in demo_texts[b]] for b in rows}
             self._join_groups(policy, batch, demos, demo_rows, weight, tag)
         elif demos and weight > 0:
-            batch.aux_losses.append(_SGTTransferLoss(demos, weight, self.advantage_plus, tag, batch,
-                                                     self.max_grad_share))
+            batch.aux_losses.append(_SGTTransferLoss(demos, weight, self.advantage_plus, tag, self.max_grad_share))
         batch.counts["sgt_demos"] = float(len(demos) if weight > 0 else 0)
         batch.metrics.update({
-            f"{tag}/rescue_set_size": float(len(chosen)), f"{tag}/transfers": float(len(demos)),
-            f"{tag}/retokenize_failures": float(failures),
+            f"{tag}/rescue_set_size": Sum(len(chosen)), f"{tag}/transfers": Sum(len(demos)),
+            f"{tag}/retokenize_failures": Sum(failures),
         })
         if seen:
-            batch.metrics[f"{tag}/rescued_later_solved_share"] = len(solved & seen) / len(seen)
+            batch.metrics[f"{tag}/rescued_later_solved_share"] = Mean(len(solved & seen) / len(seen), len(seen))
 
     def _join_groups(self, policy, batch, demos, demo_rows: dict[int, list[float]], weight: float, tag: str) -> None:
         """``transfer_mode: group``: the demos join their prompts' groups as extra samples.
@@ -276,17 +276,17 @@ class SuccessGatedTransfer(MRLCallback):
         batch.counts["sequences"] = batch.counts.get("sequences", 0.0) + float(len(demos))
         batch.counts["tokens"] = batch.counts.get("tokens", 0.0) + float(sum(len(c) for _, c in demos))
         flat = torch.cat(demo_adv)
-        batch.aux_losses.append(_SGTGroupLoss(demos, flat, weight, tag, batch, self.max_grad_share))
-        batch.metrics[f"{tag}/transfer_advantage_mean"] = float(flat.mean())
+        batch.aux_losses.append(_SGTGroupLoss(demos, flat, weight, tag, self.max_grad_share))
+        batch.metrics[f"{tag}/transfer_advantage_mean"] = Mean(float(flat.mean()), len(flat))
 
     @staticmethod
-    def _source_traces(trainer, chosen, items, source_of) -> dict[tuple[str, str, str], RolloutRecord]:
+    def _source_traces(ctx, chosen, items, source_of) -> dict[tuple[str, str, str], RolloutRecord]:
         """The source's RolloutRecord of each chosen success, when SEE published rollouts."""
         wanted = {items[b].prompt_id for b in chosen}
         if not wanted:
             return {}
         out = {}
-        for rec in trainer.exchange.query(RolloutRecord, prompt_ids=sorted(wanted)):
+        for rec in ctx.exchange.query(RolloutRecord, prompt_ids=sorted(wanted)):
             if source_of.get((rec.prompt_id, rec.completion_text)) == rec.source:
                 out.setdefault((rec.prompt_id, rec.source, rec.completion_text), rec)
         return out

@@ -2,7 +2,7 @@
 
 Thin adapter over :mod:`mrl_lightning.probes.xgrpo`. The receiver trains on its own
 rollouts only (on-policy support kept); only scalars cross: for each of the receiver's
-prompts it reads peers' ``GroupStatsRecord`` s from SEE (``trainer.exchange``) and
+prompts it reads peers' ``GroupStatsRecord`` s from SEE (``ctx.exchange``) and
 replaces ``batch.advantages`` with
 
     b_i(x) = (1 - alpha) * mean(R_i(x)) + alpha * mean(union_j R_j(x))
@@ -43,6 +43,7 @@ import torch
 from mrl_lightning.callbacks.base import MRLCallback
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.exchange import GroupStatsRecord
+from mrl_lightning.metrics import Max, Mean, Sum
 from mrl_lightning.probes.xgrpo import (
     SCALE_SOURCES,
     own_scale_problem,
@@ -52,17 +53,22 @@ from mrl_lightning.probes.xgrpo import (
     xgrpo_metrics,
 )
 
-ADVANTAGE_PROBES = ("CrossPolicyAdvantage", "PeerRolloutPooling")
+# How XGRPO's scalars combine over a policy's ranks (mrl_lightning.metrics); the rest are means.
+METRIC_KINDS = {"baseline_shift_max": Max, "zero_var_groups": Sum, "prompts_with_peers": Sum}
 
 
-def advantage_probe_note(trainer, me: MRLCallback) -> str | None:
+def advantage_probe_note(callbacks: list, me: MRLCallback) -> str | None:
     """One line saying which advantage-replacing probe wins, if more than one is listed.
+
+    Args:
+        callbacks: The run's callbacks, in list order (those with ``replaces_advantages`` count).
+        me: The callback asking.
 
     Returns:
         The note when ``me`` is the last advantage-replacing probe and another one runs
         before it; otherwise None (so the note is printed once).
     """
-    listed = [cb for cb in trainer.callbacks if type(cb).__name__ in ADVANTAGE_PROBES]
+    listed = [cb for cb in callbacks if getattr(cb, "replaces_advantages", False)]
     if len(listed) < 2 or listed[-1] is not me:
         return None
     earlier = ", ".join(type(cb).__name__ for cb in listed[:-1])
@@ -116,8 +122,11 @@ class CrossPolicyAdvantage(MRLCallback):
         """Record type read from SEE -> how many steps back (checked by SharedExperienceExchange)."""
         return {"group_stats": self.max_staleness}
 
-    def config_errors(self, trainer, system) -> list[str]:
-        """Unknown receivers, receivers not on ``scale_rewards: group``, missing SEE."""
+    requires = ("exchange",)
+    replaces_advantages = True
+
+    def config_errors(self, ctx, system) -> list[str]:
+        """Unknown receivers, and receivers not on ``scale_rewards: group``."""
         errors = []
         names = list(system.policies)
         for name in self.receivers or []:
@@ -130,19 +139,16 @@ class CrossPolicyAdvantage(MRLCallback):
                 errors.append(f"CrossPolicyAdvantage: policy {name!r} has scale_rewards={scale!r}, but XGRPO "
                               "scales per prompt (scale_source). Set scale_rewards: group for it, or leave it "
                               "out of CrossPolicyAdvantage.receivers.")
-        if not any(type(cb).__name__ == "SharedExperienceExchange" for cb in trainer.callbacks):
-            errors.append("CrossPolicyAdvantage reads GroupStatsRecords from SEE: add a SharedExperienceExchange "
-                          "callback before it (callbacks/xgrpo.yaml has both).")
         return errors
 
-    def setup(self, trainer, system, datamodule) -> None:
-        note = advantage_probe_note(trainer, self)
+    def setup(self, ctx, system, datamodule) -> None:
+        note = advantage_probe_note(ctx.callbacks, self)
         if note:
-            trainer.print(note)
+            ctx.print(note)
 
-    def peer_records(self, trainer, receiver: str, prompt_ids: list[str]) -> list[GroupStatsRecord]:
-        """Newest GroupStatsRecord per (prompt, peer) within the staleness window."""
-        records = trainer.exchange.query(GroupStatsRecord, receiver=receiver, step=trainer.rollout_step,
+    def peer_records(self, ctx, receiver: str, prompt_ids: list[str]) -> list[GroupStatsRecord]:
+        """Newest GroupStatsRecord per (prompt, peer) within the staleness window (``ctx.exchange``)."""
+        records = ctx.exchange.query(GroupStatsRecord, receiver=receiver, step=ctx.rollout_step,
                                          prompt_ids=prompt_ids, max_staleness=self.max_staleness)
         newest: dict[tuple[str, str], GroupStatsRecord] = {}
         for rec in records:  # publication order: on a tie in step the later record wins
@@ -151,11 +157,11 @@ class CrossPolicyAdvantage(MRLCallback):
                 newest[key] = rec
         return list(newest.values())
 
-    def on_compose_batch(self, trainer, system, policy, batch) -> None:
+    def on_compose_batch(self, ctx, system, policy, batch) -> None:
         """Compose ``policy``'s batch: replace ``batch.advantages`` ``[B, G]`` by XGRPO's.
 
         Rows (prompts) with a NaN own reward keep the trainer's GRPO advantages; scalars go
-        to ``batch.metrics``. Reads ``trainer.exchange`` and ``trainer.rollout_step``.
+        to ``batch.metrics``. Reads ``ctx.exchange`` and ``ctx.rollout_step``.
         """
         name = policy.policy_name
         if self.receivers is not None and name not in self.receivers:
@@ -163,12 +169,12 @@ class CrossPolicyAdvantage(MRLCallback):
         tag = f"probe/xgrpo/{name}"
         rewards = batch.scored.rewards
         prompt_ids = [x.prompt_id for x in batch.scored.items]
-        records = self.peer_records(trainer, name, prompt_ids)
+        records = self.peer_records(ctx, name, prompt_ids)
         rows = torch.isfinite(rewards).all(dim=1)
         own = rewards[rows]
         kept_ids = [pid for pid, ok in zip(prompt_ids, rows.tolist()) if ok]
         if own.shape[0] == 0:
-            batch.metrics.update({f"{tag}/nan_rows_skipped": float(len(prompt_ids)), f"{tag}/peer_groups": 0.0})
+            batch.metrics.update({f"{tag}/nan_rows_skipped": Sum(len(prompt_ids)), f"{tag}/peer_groups": Sum(0.0)})
             return
         count, mean, std = peer_stats_from_records(records, kept_ids)
         peer = peer_moments_from_stats(count, mean, std)
@@ -177,6 +183,10 @@ class CrossPolicyAdvantage(MRLCallback):
         new[rows] = advantages.to(new.dtype)
         batch.advantages = new
         for key, value in xgrpo_metrics(own, advantages, baseline, peer[0]).items():
-            batch.metrics[f"{tag}/{key.removeprefix('probe/xgrpo_')}"] = value
-        batch.metrics[f"{tag}/peer_groups"] = float((count > 0).sum())
-        batch.metrics[f"{tag}/nan_rows_skipped"] = float(len(prompt_ids) - own.shape[0])
+            short = key.removeprefix("probe/xgrpo_")
+            batch.metrics[f"{tag}/{short}"] = METRIC_KINDS.get(short, float)(value)
+        m = batch.metrics  # means over prompts, and over the zero-variance groups: weighted by their counts
+        m[f"{tag}/baseline_shift"] = Mean(m[f"{tag}/baseline_shift"], own.shape[0])
+        m[f"{tag}/zero_var_signal_share"] = Mean(m[f"{tag}/zero_var_signal_share"], m[f"{tag}/zero_var_groups"])
+        batch.metrics[f"{tag}/peer_groups"] = Sum(float((count > 0).sum()))
+        batch.metrics[f"{tag}/nan_rows_skipped"] = Sum(len(prompt_ids) - own.shape[0])

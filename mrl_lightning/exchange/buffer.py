@@ -39,6 +39,7 @@ from mrl_lightning.exchange.records import (
     record_nbytes,
     record_to_dict,
 )
+from mrl_lightning.metrics import Global
 
 R = TypeVar("R")
 
@@ -385,16 +386,16 @@ class ExperienceExchange:
         ``max_bytes``), ``exchange/successes_refreshed`` (held successes
         replaced by the same success at the same or a newer step), ``exchange/subscribers``
         and, per record type ``T`` in (rollout, group_stats, success),
-        ``exchange/T_published`` and ``exchange/T_held``.
+        ``exchange/T_published`` and ``exchange/T_held``; each a :class:`~mrl_lightning.metrics.Global`.
         """
-        with self._lock:
-            out = {f"exchange/{k}": float(v) for k, v in self._counters.items()}
-            out["exchange/records_held"] = float(len(self._records))
-            out["exchange/bytes_held"] = float(self._bytes_held)
-            out["exchange/subscribers"] = float(len(self._subscriptions))
+        with self._lock:  # every rank holds the same exchange: Global (logged as the window's last value)
+            out = {f"exchange/{k}": Global(v) for k, v in self._counters.items()}
+            out["exchange/records_held"] = Global(len(self._records))
+            out["exchange/bytes_held"] = Global(self._bytes_held)
+            out["exchange/subscribers"] = Global(len(self._subscriptions))
             for name in RECORD_TYPES:
-                out[f"exchange/{name}_published"] = float(self._published_by_type[name])
-                out[f"exchange/{name}_held"] = float(len(self._by_type[name]))
+                out[f"exchange/{name}_published"] = Global(self._published_by_type[name])
+                out[f"exchange/{name}_held"] = Global(len(self._by_type[name]))
             return out
 
     # ------------------------------------------------------------------ checkpoint

@@ -284,3 +284,62 @@ def format_plan(rows: list[PolicyPlacement], placement: Placement, framework_gib
         out.append("<=: upper bound; a recipe's tokenizer is trained when the model is built and may stop below "
                    "the vocabulary asked for")
     return "\n".join(out)
+
+
+def plan_resources(placement: Placement, shapes: dict[str, ModelShape | None], policies: dict, batch_size: int,
+                   device: str, strategy: str, precision: str, devices_per_node: int,
+                   num_threads: int | None) -> tuple[str, int]:
+    """Build, validate and format the run's resource plan, before any model is built.
+
+    Threads per worker: ``num_threads``, else ``OMP_NUM_THREADS`` (a positive integer), else
+    the node's cores split evenly over its workers. The device's memory is read from CUDA or,
+    on a CPU, the machine's physical memory.
+
+    Args:
+        placement: Ranks per policy.
+        shapes: Policy name -> its model's shape (:func:`model_shape`), None when unreadable.
+        policies: Policy name -> policy (its config is read).
+        batch_size: B prompts per step.
+        device: ``"cpu"``, ``"cuda"``, ...
+        strategy: The Fabric strategy's class name (shown in the plan).
+        precision: The Fabric precision (shown; counted in the estimate).
+        devices_per_node: Worker processes per node.
+        num_threads: ``trainer.num_threads`` (None = derived as above).
+
+    Returns:
+        The plan as text, and the threads per worker.
+
+    Raises:
+        ConfigError: oversubscribed devices or threads, or a memory estimate above the device's (all at once).
+    """
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = num_threads or omp_threads() or max(1, cores // devices_per_node)
+    rows = build_plan(placement, shapes, policies, batch_size, device, strategy, precision, threads)
+    framework = process_rss_bytes() / GIB if device == "cpu" else 0.0
+    if device == "cuda" and torch.cuda.is_available():
+        available, memory = torch.cuda.device_count(), torch.cuda.get_device_properties(0).total_memory / GIB
+    else:
+        available = None
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB if device == "cpu" else None
+    validate_resources(rows, placement, device=device, devices_per_node=devices_per_node,
+                       available_devices=available, cores=cores, threads=threads,
+                       threads_given=num_threads is not None, batch_size=batch_size,
+                       framework_gib=framework, device_memory_gib=memory)
+    return format_plan(rows, placement, framework), threads
+
+
+def omp_threads() -> int | None:
+    """``OMP_NUM_THREADS`` as a positive int, or None when unset or not one (threads per worker)."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def peak_memory_gib(device) -> float:
+    """Peak memory of this worker so far: the CUDA allocator's peak on a GPU, else the process's peak RSS."""
+    if device.type == "cuda":
+        import torch
+
+        return torch.cuda.max_memory_allocated(device) / GIB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB

@@ -8,7 +8,8 @@ One :class:`Workers` per process. The loop asks it which policies this rank runs
   all-reduce (:meth:`reduce_gradients`), the initial weight broadcast;
 - across the world: SEE records at the step's exchange point (:meth:`exchange`, every
   rank gets every record in one order that does not depend on timing), step metrics
-  (:meth:`gather_metrics`), checkpoint state (:meth:`gather_to_zero`).
+  (:meth:`gather_metrics`, each tag combined by the kind its producer gave it,
+  :mod:`mrl_lightning.metrics`), checkpoint state (:meth:`gather_to_zero`).
 
 All of it goes through ``torch.distributed`` (the process group Fabric's strategy set up);
 with one process every call returns at once. Each collective is timed (``wait_s``: time
@@ -28,42 +29,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from mrl_lightning.metrics import combine_metrics
 from mrl_lightning.mwra.placement import Placement, shard_bounds
-
-# How step metrics from several ranks combine, by the tag's last component.
-SUMMED = ("transfers", "rescue_set_size", "retokenize_failures", "peers_pooled", "prompts_with_peers",
-          "nan_rows_skipped", "zero_var_groups", "peer_groups", "loss", "prompts_truncated")
 
 
 class WorkerError(RuntimeError):
     """A worker failed or a collective failed / timed out; the message names the rank and phase."""
-
-
-def combine_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    """Merge step metrics from several ranks into one dict.
-
-    A tag reported by one rank is taken as is. A tag reported by several (a policy on a
-    group of ranks): ``*_max`` -> max, ``*_min`` -> min; counts and loss shares (:data:`SUMMED`) -> sum;
-    ``exchange/`` (the same on every rank) -> rank order's first; anything else -> mean.
-    """
-    values: dict[str, list[float]] = {}
-    for metrics in per_rank:
-        for key, value in metrics.items():
-            values.setdefault(key, []).append(value)
-    out = {}
-    for key, vals in values.items():
-        last = key.rsplit("/", 1)[-1]
-        if len(vals) == 1 or key.startswith("exchange/"):
-            out[key] = vals[0]
-        elif last.endswith("_max") or last.startswith("peak_memory"):
-            out[key] = max(vals)
-        elif last.endswith("_min"):
-            out[key] = min(vals)
-        elif last in SUMMED:
-            out[key] = sum(vals)
-        else:
-            out[key] = sum(vals) / len(vals)
-    return out
 
 
 class Workers:
@@ -222,9 +193,27 @@ class Workers:
         self._collective(what, dist.all_gather_object, out, obj, group=self._world)
         return out
 
-    def gather_metrics(self, local: dict[str, float]) -> dict[str, float]:
-        """Step metrics of every rank, combined (:func:`combine_metrics`)."""
-        return combine_metrics(self.all_gather(local, "metrics"))
+    def gather_metrics(self, window: list[dict[str, float]]) -> list[dict[str, float]]:
+        """A log window's step metrics from every rank, each step combined over ranks by kind.
+
+        Args:
+            window: This rank's metrics of each step of the window, oldest first (every rank
+                runs the same steps, so the windows line up).
+
+        Returns:
+            One dict per step (:func:`mrl_lightning.metrics.combine_metrics`).
+        """
+        per_rank = self.all_gather(window, "metrics")
+        return [combine_metrics([rank[i] for rank in per_rank]) for i in range(len(window))]
+
+    def group_terms(self, policy: str, terms: list[tuple[str, float | None]]) -> list[tuple[str, float | None]]:
+        """The auxiliary-term names (and bounds) of ``policy`` on any rank of its group, in rank order of first
+        appearance, so every rank of the group reduces the same terms in the same order."""
+        out: dict[str, float | None] = {}
+        for part in self._group_all_gather(policy, terms):
+            for name, bound in part:
+                out.setdefault(name, bound)
+        return list(out.items())
 
     def gather_to_zero(self, obj: Any, what: str) -> list[Any] | None:
         """``obj`` from every rank on rank 0 (indexed by rank); None elsewhere."""

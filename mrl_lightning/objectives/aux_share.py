@@ -8,16 +8,17 @@ KL included), and reports for each term
     grad_share_k = ||g_k|| / (||g_0|| + ||g_k||)                    (in [0, 1]; 0 when both are 0)
 
 with ``||.||`` the L2 norm over all trainable parameters, before gradient clipping. A term
-may carry a bound ``b`` (its ``max_grad_share`` attribute, in (0, 1)); a term whose share
-exceeds it is scaled by
+may carry a bound ``b`` (its declared ``max_grad_share``, in (0, 1); None = no bound); a
+term whose share exceeds it is scaled by
 
     s_k = b / (1 - b) * ||g_0|| / ||g_k||     so that   ||s_k g_k|| / (||g_0|| + ||s_k g_k||) = b
 
 (and is dropped for the step when ``g_0`` is 0). The gradient the optimizer sees is
 ``g_0 + sum_k s_k g_k``. Each term is measured against the GRPO gradient alone, so the
-bounds of several terms do not interact. Norms are this process's gradients before the
-data-parallel all-reduce: exact with one rank per policy; with k ranks each rank measures
-and bounds its own share (the metric is then the mean over ranks).
+bounds of several terms do not interact. Under data parallelism every gradient here is
+the group's: the caller reduces ``g_0`` over the policy's ranks before the call, and each
+term's ``g_k`` is reduced (``reduce``) before its norm is taken, so k ranks measure and
+bound exactly what one rank on the whole batch would, and every rank applies the same scale.
 """
 
 from __future__ import annotations
@@ -68,19 +69,38 @@ def share_scale(main_norm: float, term_norm: float, max_share: float | None) -> 
     return share, max_share / (1.0 - max_share) * main_norm / term_norm
 
 
+def term_names(aux_losses: list) -> list[tuple[str, float | None]]:
+    """``(name, max_grad_share)`` of each term name, in order of first appearance (the first term's bound)."""
+    names: dict[str, float | None] = {}
+    for aux in aux_losses:
+        names.setdefault(aux.name, aux.max_grad_share)
+    return list(names.items())
+
+
 def backward_aux_losses(aux_losses: list, policy, model, backward: Callable[[Tensor], None],
-                        params: list[torch.nn.Parameter], tag: Callable[[str], str]) -> dict[str, float]:
+                        params: list[torch.nn.Parameter], tag: Callable[[str], str],
+                        totals: dict[str, float] | None = None,
+                        reduce: Callable[[list[torch.nn.Parameter]], None] | None = None,
+                        terms: list[tuple[str, float | None]] | None = None) -> dict[str, float]:
     """Backpropagate each auxiliary term apart from the GRPO gradient already in ``.grad``.
 
     Args:
-        aux_losses: Terms of :class:`~mrl_lightning.batch.AuxiliaryLoss` (``name``, called as
-            ``term(policy, model) -> (loss, metrics)``; optional ``max_grad_share`` bound).
+        aux_losses: Terms of :class:`~mrl_lightning.batch.AuxiliaryLoss` (``name``,
+            ``max_grad_share``; called as ``term(policy, model, totals) -> (loss, metrics)``).
         policy: The policy, passed to each term.
         model: The (wrapped) model to run forward passes with, passed to each term.
         backward: ``fabric.backward``.
-        params: The trainable parameters; their ``.grad`` holds the GRPO gradient on entry
-            and ``g_0 + sum_k s_k g_k`` on return.
+        params: The trainable parameters; their ``.grad`` holds the (group-reduced) GRPO
+            gradient on entry and ``g_0 + sum_k s_k g_k`` on return.
         tag: Term name -> the prefix of its metrics (e.g. ``probe/sgt/<policy>``).
+        totals: The batch's loss normalizers summed over the policy's ranks
+            (``TrainBatch.group_counts``), passed to each term; None = ``{}``.
+        reduce: Sums ``.grad`` of ``params`` over the policy's ranks in place, called once per
+            term name (after that name's terms are backpropagated); None = one rank.
+        terms: ``(name, max_grad_share)`` of every term name on any of the policy's ranks, in
+            one order for all of them (``TrainBatch.group_terms``), so each rank reduces the
+            same names in the same order, also a name it has no term of (its part is 0);
+            None = this rank's names, in order of first appearance.
 
     Returns:
         The terms' own metrics, plus per term name (terms of one name are summed):
@@ -94,22 +114,26 @@ def backward_aux_losses(aux_losses: list, policy, model, backward: Callable[[Ten
     """
     main = _take_grads(params)
     main_norm = _norm(main)
+    if terms is None:
+        terms = term_names(aux_losses)
     metrics: dict[str, float] = {}
-    by_name: dict[str, list[list[Tensor | None]]] = {}
-    bound: dict[str, float | None] = {}
-    for aux in aux_losses:
-        loss, aux_metrics = aux(policy, model)
-        backward(loss)
-        metrics.update(aux_metrics)
-        by_name.setdefault(aux.name, []).append(_take_grads(params))
-        bound.setdefault(aux.name, getattr(aux, "max_grad_share", None))
     total = list(main)
-    for name, grads_list in by_name.items():
-        grads = [None] * len(params)
-        for one in grads_list:
-            grads = [b if a is None else (a if b is None else a + b) for a, b in zip(grads, one)]
+    for name, bound in terms:
+        grads: list[Tensor | None] = [None] * len(params)
+        for aux in aux_losses:
+            if aux.name != name:
+                continue
+            loss, aux_metrics = aux(policy, model, dict(totals or {}))
+            backward(loss)
+            metrics.update(aux_metrics)
+            grads = [b if a is None else (a if b is None else a + b) for a, b in zip(grads, _take_grads(params))]
+        if reduce is not None:  # the group's gradient of this term, before its norm is taken
+            for p, g in zip(params, grads):
+                p.grad = g
+            reduce(params)
+            grads = _take_grads(params)
         norm = _norm(grads)
-        raw, scale = share_scale(main_norm, norm, bound[name])
+        raw, scale = share_scale(main_norm, norm, bound)
         bounded = scale * norm
         share = raw if scale == 1.0 else (bounded / (main_norm + bounded) if bounded > 0 else 0.0)
         prefix = tag(name)

@@ -92,7 +92,7 @@ def pad_demos(demos: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[Te
     Returns:
         ``(prompt_ids [M, P], prompt_mask [M, P], completion_ids [M, L], completion_mask [M, L])``.
     """
-    from mrl_lightning.rollout import left_pad
+    from mrl_lightning.rollout.base import left_pad
 
     p_ids, p_mask = left_pad([p for p, _ in demos], pad_id)
     width = max(len(c) for _, c in demos)

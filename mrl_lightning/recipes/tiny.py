@@ -41,6 +41,7 @@ from typing import Any, Callable
 import torch
 
 from mrl_lightning.errors import ConfigError
+from mrl_lightning.model_source import ModelRecipe
 
 FAMILIES = ("gpt2", "llama")
 
@@ -141,7 +142,7 @@ def warm_start_split(datamodule, part: str, size: int, seed: int) -> tuple[list,
     return sft, validation
 
 
-class TinyCausalLM:
+class TinyCausalLM(ModelRecipe):
     """Recipe for a tiny, optionally warm-started causal LM.
 
     Args:
@@ -209,6 +210,11 @@ class TinyCausalLM:
         self.warm_start_val_size = warm_start_val_size
         self.warm_start_lr, self.eval_every, self.seed = warm_start_lr, eval_every, seed
         self.cache_dir = cache_dir
+
+    @property
+    def strong_parts(self) -> list[str] | None:
+        """``[warm_start_part]`` when the model is warm-started on a part, else None."""
+        return [self.warm_start_part] if self.warm_start_part else None
 
     def _args(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items() if k != "cache_dir"}

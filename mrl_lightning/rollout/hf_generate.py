@@ -39,48 +39,14 @@ import logging
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from mrl_lightning.forward import shared_prefix_cache
+from mrl_lightning.rollout.base import RolloutBatch, left_pad
 from mrl_lightning.thl import decode_completion
-
-
-@dataclass
-class RolloutBatch:
-    """Sampled completions of one policy for one step.
-
-    Shapes: N = B*G sequences, P prompt length (left-padded), L completion length.
-
-    Attributes:
-        prompt_ids: ``[N, P]`` int64, left-padded.
-        prompt_mask: ``[N, P]`` bool, True = real prompt token.
-        completion_ids: ``[N, L]`` int64, right-padded with the pad id.
-        completion_mask: ``[N, L]`` bool, True = counted (through the first EOS).
-        old_logprobs: ``[N, L]`` float32 nats under the sampling distribution (0 where masked).
-        finish_reasons: N strings, "eos" or "length".
-        completion_texts: N decoded texts (special tokens removed).
-        sampling_logprobs: ``[N, L]`` float32 nats when the sampler's log-probs must be
-            re-scored by the update (another engine, or mixed precision); None = the old
-            log-probs are the update's own.
-    """
-
-    prompt_ids: Tensor
-    prompt_mask: Tensor
-    completion_ids: Tensor
-    completion_mask: Tensor
-    old_logprobs: Tensor
-    finish_reasons: list[str]
-    completion_texts: list[str]
-    sampling_logprobs: Tensor | None = None
-
-    @property
-    def truncated(self) -> Tensor:
-        """``[N]`` bool, True where generation stopped at max length without EOS."""
-        return torch.tensor([r == "length" for r in self.finish_reasons], dtype=torch.bool)
 
 
 def completion_mask_from_eos(completion_ids: Tensor, eos_token_id: int | list[int]) -> tuple[Tensor, Tensor]:
@@ -100,20 +66,6 @@ def completion_mask_from_eos(completion_ids: Tensor, eos_token_id: int | list[in
     first = torch.where(has_eos, is_eos.int().argmax(dim=1), torch.full_like(has_eos, length, dtype=torch.long))
     positions = torch.arange(length, device=completion_ids.device).unsqueeze(0)
     return positions <= first.unsqueeze(1), has_eos
-
-
-def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
-    """Left-pad token id lists.
-
-    Returns:
-        ``([N, P] int64 ids, [N, P] bool mask)``.
-    """
-    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.long)
-    width = int(lengths.max())
-    mask = torch.arange(width).unsqueeze(0) >= (width - lengths).unsqueeze(1)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    ids[mask] = torch.tensor([t for s in sequences for t in s], dtype=torch.long)  # row-major: each row's tail
-    return ids, mask
 
 
 # Fields of a transformers GenerationConfig that change which tokens are sampled, with the
@@ -275,7 +227,7 @@ def _quiet_padding_warning() -> Iterator[None]:
 
 
 class HFGenerateEngine:
-    """Sampling with ``model.generate`` (KV cache on)."""
+    """Sampling with ``model.generate`` (KV cache on); a :class:`~mrl_lightning.rollout.base.RolloutEngine`."""
 
     name = "hf_generate"
 
@@ -293,6 +245,7 @@ class HFGenerateEngine:
         top_k: int = 0,
         do_sample: bool = True,
         policy_name: str | None = None,
+        weights_version: int = 0,
         share_prompt_prefill: bool = True,
     ) -> RolloutBatch:
         """Sample ``num_generations`` completions per prompt, with the policy's settings only.
@@ -308,6 +261,8 @@ class HFGenerateEngine:
             top_k: Top-k (0 = off).
             do_sample: False for greedy decoding (``temperature`` then only scales log-probs).
             policy_name: Named in the warning about the model's ignored generation settings.
+            weights_version: Unused: this engine samples from ``model`` itself, so it always
+                has the current weights (the :class:`~mrl_lightning.rollout.base.RolloutEngine` contract).
             share_prompt_prefill: Run each prompt once and share its KV cache across its
                 G rows (:func:`mrl_lightning.forward.shared_prefix_cache`); False = one plain
                 ``generate`` over the B*G rows.

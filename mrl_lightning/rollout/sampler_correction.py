@@ -31,35 +31,8 @@ import math
 import torch
 from torch import Tensor
 
-IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-
-
-def importance_sampling_errors(where: str, mode: str, clip_max: float | None, clip_min: float | None) -> list[str]:
-    """Problems of an importance-sampling setting (for config checks).
-
-    Args:
-        where: Prefix naming the config entry, e.g. ``"policy 'qwen'"``.
-        mode: One of :data:`IS_MODES`.
-        clip_max: Upper bound C_max (> 0) or None.
-        clip_min: Lower bound C_min (>= 0) or None.
-
-    Returns:
-        Error messages naming the field, the value and the fix (empty when valid).
-    """
-    errors = []
-    if mode not in IS_MODES:
-        errors.append(f"{where}: vllm_importance_sampling_mode={mode!r}; valid: {list(IS_MODES)}.")
-    if clip_max is not None and not clip_max > 0:
-        errors.append(f"{where}: vllm_importance_sampling_clip_max={clip_max} must be > 0 (TRL's default 3.0) or null.")
-    if clip_min is not None and not clip_min >= 0:
-        errors.append(f"{where}: vllm_importance_sampling_clip_min={clip_min} must be >= 0 or null.")
-    if clip_max is not None and clip_min is not None and not clip_min < clip_max:
-        errors.append(f"{where}: vllm_importance_sampling_clip_min={clip_min} must be below "
-                      f"vllm_importance_sampling_clip_max={clip_max}.")
-    if mode.endswith("_truncate") and clip_max is None and clip_min is None:
-        errors.append(f"{where}: vllm_importance_sampling_mode={mode!r} truncates to [clip_min, clip_max] but both are "
-                      "null; set vllm_importance_sampling_clip_max: 3.0 (TRL's default).")
-    return errors
+from mrl_lightning.metrics import Max, Mean, Min
+from mrl_lightning.rollout.options import importance_sampling_errors
 
 
 def importance_weights(
@@ -124,12 +97,13 @@ def sampler_mismatch_metrics(
     p = policy_name
     delta = (trainer_logp.detach().float() - sampler_logp.float()).abs()
     delta = delta[completion_mask & torch.isfinite(delta)]
-    out = {f"rollout/{p}/abs_delta_logp": float(delta.mean()) if delta.numel() else 0.0,
-           f"rollout/{p}/abs_delta_logp_max": float(delta.max()) if delta.numel() else 0.0}
+    out = {f"rollout/{p}/abs_delta_logp": Mean(float(delta.mean()) if delta.numel() else 0.0, delta.numel()),
+           f"rollout/{p}/abs_delta_logp_max": Max(float(delta.max()) if delta.numel() else 0.0)}
     if weights is not None:
         flat = weights.flatten() if weights.shape[-1] == 1 else weights[completion_mask]
-        for stat in ("mean", "min", "max"):
-            out[f"rollout/{p}/is_ratio_{stat}"] = float(getattr(flat, stat)()) if flat.numel() else 0.0
+        out[f"rollout/{p}/is_ratio_mean"] = Mean(float(flat.mean()) if flat.numel() else 0.0, flat.numel())
+        out[f"rollout/{p}/is_ratio_min"] = Min(float(flat.min()) if flat.numel() else 0.0)
+        out[f"rollout/{p}/is_ratio_max"] = Max(float(flat.max()) if flat.numel() else 0.0)
     return out
 
 

@@ -20,9 +20,8 @@ when top-k / top-p are off.
 
 Weights. Before every generation the engine compares the training model's parameters
 (their storage and in-place version counters, which ``load_state_dict``, ``copy_`` and
-the for-loop and foreach optimizers advance, plus a count of optimizer steps the update
-keeps with :func:`note_optimizer_step`, since a fused optimizer advances no version
-counter) with those it last pushed; when they differ it pushes every
+the for-loop and foreach optimizers advance, plus the policy's count of optimizer steps, passed as
+``weights_version``, since a fused optimizer advances no version counter) with those it last pushed; when they differ it pushes every
 parameter (colocated: ``model_runner.model.load_weights``, the path TRL's trainer uses;
 server: the server's NCCL weight-transfer engine through TRL's client) and resets vLLM's
 prefix cache, whose prompt KV blocks were computed with the old weights. Sampling never
@@ -30,9 +29,9 @@ sees stale weights, and several optimizer steps between two rollouts cost one pu
 
 Backends (``vllm_mode``): ``colocate`` builds ``vllm.LLM`` in this process on the policy's
 GPU (``distributed_executor_backend="external_launcher"``, as TRL's colocated mode) with a
-memory share taken from the MWRA plan (:func:`~mrl_lightning.rollout.vllm_setup.colocated_memory_share`)
+memory share taken from the MWRA plan (:func:`~mrl_lightning.builders.engines.colocated_memory_share`)
 unless ``vllm_gpu_memory_utilization`` is set; ``server`` talks to a ``trl vllm-serve``
-server (its ``VLLMClient``). Both are built by :func:`~mrl_lightning.rollout.vllm_setup.build_vllm_engine`;
+server (its ``VLLMClient``). Both are built by :func:`~mrl_lightning.builders.engines.build_vllm_engine`;
 tests pass an in-process double of the same few calls.
 
 Seeds: one per prompt, ``base + b*G`` with ``base`` drawn from torch's generator (seeded
@@ -46,27 +45,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-from torch import Tensor
 
-from mrl_lightning.rollout.hf_generate import RolloutBatch, left_pad
+from mrl_lightning.rollout.base import RolloutBatch, left_pad
 from mrl_lightning.thl import decode_completion
 
 # vLLM's finish reasons (vllm.v1.engine.FINISH_REASON_STRINGS) -> the rollout contract's.
 FINISH_REASONS = {"stop": "eos", "length": "length"}
 _SEED_RANGE = 2**31 - 1
-
-
-@dataclass
-class EngineRolloutBatch(RolloutBatch):
-    """A :class:`RolloutBatch` sampled by an engine other than the training forward.
-
-    Attributes:
-        sampling_logprobs: ``[N, L]`` float32 nats, the engine's log-probs of the sampled
-            tokens under the tempered distribution it sampled from (0 where masked).
-            ``old_logprobs`` starts as a copy; the update replaces it by the trainer's own.
-    """
-
-    sampling_logprobs: Tensor | None = None
 
 
 @dataclass
@@ -93,27 +78,16 @@ class Backend(Protocol):
     def push_weights(self, model: torch.nn.Module) -> None: ...
 
 
-_STEPS_ATTR = "_mrl_optimizer_steps"
-
-
-def note_optimizer_step(model: torch.nn.Module) -> None:
-    """Record that an optimizer stepped ``model``'s parameters (called by the update after every step).
-
-    ``torch.optim.AdamW(fused=True)`` changes parameters without advancing their version
-    counters (measured with torch 2.13), so the count kept here is part of :func:`weights_key`.
-    """
-    setattr(model, _STEPS_ATTR, getattr(model, _STEPS_ATTR, 0) + 1)
-
-
-def weights_key(model: torch.nn.Module) -> tuple:
-    """Identity of a model's current weights: optimizer steps noted, each parameter's storage and version.
+def weights_key(model: torch.nn.Module, version: int = 0) -> tuple:
+    """Identity of a model's current weights: the policy's optimizer-step count, each parameter's storage and version.
 
     An in-place change through autograd-visible ops (``load_state_dict``, ``copy_``, the
     for-loop and foreach optimizers) advances a tensor's version counter, a replaced tensor
-    has new storage, and :func:`note_optimizer_step` counts the steps of any optimizer, so
-    two equal keys mean no parameter changed in between.
+    has new storage, and ``version`` (the policy's
+    :attr:`~mrl_lightning.policy.PolicyModule.optimizer_steps_taken`) counts the steps of any
+    optimizer, so two equal keys mean no parameter changed in between.
     """
-    return getattr(model, _STEPS_ATTR, 0), tuple((p.data_ptr(), p._version) for p in model.parameters())
+    return version, tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
 class ColocatedVLLM:
@@ -181,7 +155,7 @@ class ServerVLLM:
 
 
 class VLLMEngine:
-    """Sampling with vLLM; :meth:`generate` has the Hugging Face engine's signature.
+    """Sampling with vLLM; a :class:`~mrl_lightning.rollout.base.RolloutEngine` like the Hugging Face engine.
 
     Args:
         backend: :class:`ColocatedVLLM` or :class:`ServerVLLM`.
@@ -198,18 +172,22 @@ class VLLMEngine:
         self._pushed: tuple | None = None
         self.pushes, self.last_push_s = 0, 0.0
 
-    def sync_weights(self, model: torch.nn.Module) -> bool:
+    def sync_weights(self, model: torch.nn.Module, version: int = 0) -> bool:
         """Push the model's weights to vLLM when they changed since the last push.
+
+        Args:
+            model: The training model.
+            version: The policy's optimizer-step count (:func:`weights_key`).
 
         Returns:
             True when weights were pushed.
         """
-        key = weights_key(model)
+        key = weights_key(model, version)
         if key == self._pushed:
             return False
         start = time.perf_counter()
         self.backend.push_weights(model)
-        self._pushed = weights_key(model)
+        self._pushed = weights_key(model, version)
         self.pushes += 1
         self.last_push_s = time.perf_counter() - start
         return True
@@ -228,8 +206,9 @@ class VLLMEngine:
         top_k: int = 0,
         do_sample: bool = True,
         policy_name: str | None = None,
+        weights_version: int = 0,
         **_: Any,
-    ) -> EngineRolloutBatch:
+    ) -> RolloutBatch:
         """Sample ``num_generations`` completions per prompt with the policy's settings only.
 
         Args:
@@ -243,9 +222,11 @@ class VLLMEngine:
             top_k: Top-k; 0 = off.
             do_sample: False = greedy (vLLM's temperature 0; one completion per prompt, repeated).
             policy_name: Named in errors.
+            weights_version: The policy's optimizer-step count: weights are pushed when it or
+                the parameters changed since the last push (:func:`weights_key`).
 
         Returns:
-            :class:`EngineRolloutBatch` with N = B * G rows, tensors on the model's device;
+            :class:`~mrl_lightning.rollout.base.RolloutBatch` with N = B * G rows, tensors on the model's device;
             ``old_logprobs`` and ``sampling_logprobs`` ``[N, L]`` float32 nats.
 
         Raises:
@@ -257,7 +238,7 @@ class VLLMEngine:
             raise ValueError("prompt_ids is empty; nothing to generate.")
         if temperature <= 0:
             raise ValueError(f"temperature={temperature} must be > 0.")
-        self.sync_weights(model)
+        self.sync_weights(model, weights_version)
         n = num_generations if do_sample else 1
         base = int(torch.randint(0, _SEED_RANGE - len(prompt_ids) * n, (1,)))
         seeds = [base + b * n for b in range(len(prompt_ids))]
@@ -268,7 +249,7 @@ class VLLMEngine:
         return self._batch(model, tokenizer, prompt_ids, samples, num_generations, policy_name)
 
     @staticmethod
-    def _batch(model, tokenizer, prompt_ids, samples, num_generations, policy_name) -> EngineRolloutBatch:
+    def _batch(model, tokenizer, prompt_ids, samples, num_generations, policy_name) -> RolloutBatch:
         rows = [s for per_prompt in samples for s in per_prompt]
         for s in rows:
             if s.finish_reason not in FINISH_REASONS:
@@ -287,7 +268,7 @@ class VLLMEngine:
             cmask[i, :k] = True
             logp[i, :k] = torch.tensor(s.logprobs, dtype=torch.float32)
         texts = [decode_completion(tokenizer, s.token_ids, errors="replace") for s in rows]
-        return EngineRolloutBatch(
+        return RolloutBatch(
             prompt_ids=ids.to(device), prompt_mask=mask.to(device), completion_ids=completion.to(device),
             completion_mask=cmask.to(device), old_logprobs=logp.clone().to(device),
             finish_reasons=[FINISH_REASONS[s.finish_reason] for s in rows], completion_texts=texts,

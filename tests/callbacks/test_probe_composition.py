@@ -74,7 +74,7 @@ def test_xgrpo_and_sgt_both_act_in_either_order(policies, order):
     # SGT: prompt 0 is in the rescue set; one verified peer success is transferred.
     assert batch.metrics["probe/sgt/a/rescue_set_size"] == 1.0 and batch.metrics["probe/sgt/a/transfers"] == 1.0
     assert [aux.name for aux in batch.aux_losses] == ["sgt"]
-    loss, _ = batch.aux_losses[0](policies["a"], policies["a"].model)
+    loss, _ = batch.aux_losses[0](policies["a"], policies["a"].model, batch.counts)
     assert torch.isfinite(loss)
     assert "probe/xgrpo/a/baseline_shift" in batch.metrics
 
@@ -103,7 +103,7 @@ def test_prp_and_sgt_loss_terms_add_up(policies):
     batch = compose([PeerRolloutPooling(max_peers_per_prompt=3), SuccessGatedTransfer()], policies)
     assert [aux.name for aux in batch.aux_losses] == ["prp", "sgt"]
     for aux in batch.aux_losses:
-        loss, _ = aux(policies["a"], policies["a"].model)
+        loss, _ = aux(policies["a"], policies["a"].model, batch.counts)
         assert torch.isfinite(loss) and loss.requires_grad
 
 

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from mrl_lightning.builders import build_policy
 from mrl_lightning.batch import ScoredRollouts, TrainBatch
 from mrl_lightning.callbacks import (
     MRLCallback,
@@ -21,7 +22,8 @@ from mrl_lightning.callbacks import (
 from mrl_lightning.data.items import PromptItem
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.objectives.grpo import group_advantages
-from mrl_lightning.policy import PolicyModule, policy_update
+from mrl_lightning.policy import PolicyModule
+from mrl_lightning.update import policy_update
 from mrl_lightning.recipes.tokenizers import train_tokenizer
 from mrl_lightning.rollout.hf_generate import RolloutBatch, left_pad
 from mrl_lightning.thl import retokenize
@@ -60,7 +62,7 @@ def model_dirs(tmp_path_factory):
 
 def built(name: str, folder, **kwargs) -> PolicyModule:
     policy = PolicyModule(name=name, model=str(folder), **kwargs)
-    policy.build()
+    build_policy(policy)
     return policy
 
 
@@ -151,7 +153,7 @@ def test_identical_policies_same_tokenizer_equal_grpo_with_twice_the_group(model
     assert batch.metrics["probe/prp/a/peers_pooled"] == 6.0
     assert batch.metrics["thl/prp/a/boundary_agreement"] == 1.0
     assert batch.metrics["thl/prp/a/round_trip_failures"] == 0.0
-    _, metrics = batch.aux_losses[0](a, a.model)  # its first forward gives the receiver's log-probs
+    _, metrics = batch.aux_losses[0](a, a.model, batch.counts)  # its first forward gives the receiver's log-probs
     assert metrics["probe/prp/a/log_ratio_abs_max"] < 1e-5  # same model: weights are 1
 
     # Reference: plain GRPO of policy a on the pooled group of 2G (own then peer per prompt).
@@ -208,7 +210,7 @@ def test_peer_loss_across_tokenizers_is_finite_and_moves_the_receiver(model_dirs
         assert batch.metrics["thl/prp/gpt2/max_conservation_error"] < 1e-5
         # Own all-fail group on prompt 1, peers with one success: own advantages turn negative.
         assert (batch.advantages[1] < 0).all()
-        loss, metrics = batch.aux_losses[0](a, a.model)
+        loss, metrics = batch.aux_losses[0](a, a.model, batch.counts)
         assert torch.isfinite(loss) and math.isfinite(metrics["probe/prp/gpt2/loss"])
         assert 0.0 < metrics["probe/prp/gpt2/ess"] <= 1.0
         grads = grads_after_update(a, batch)
@@ -231,12 +233,12 @@ def test_receiver_logprobs_come_from_the_first_forward_and_stay_fixed(model_dirs
         expected, _ = a.completion_logprobs(t["prompt_ids"], t["prompt_mask"], t["completion_ids"],
                                             t["completion_mask"])
     expected = torch.where(t["completion_mask"], expected, torch.zeros_like(expected))
-    _, first = term(a, a.model)
+    _, first = term(a, a.model, batch.counts)
     assert torch.equal(term.t["logp_recv"], expected)
     with torch.no_grad():
         for p in a.model.parameters():
             p.add_(0.05)  # an optimizer step in between: the next iteration's forward differs
-    _, second = term(a, a.model)
+    _, second = term(a, a.model, batch.counts)
     assert torch.equal(term.t["logp_recv"], expected)
     assert second["probe/prp/gpt2/ess"] == first["probe/prp/gpt2/ess"]
     assert second["probe/prp/gpt2/loss"] != first["probe/prp/gpt2/loss"]
@@ -264,9 +266,11 @@ def test_invalid_options_are_all_reported_with_valid_choices():
 
 
 def test_config_errors_need_see_and_known_policies():
+    from mrl_lightning.callbacks.base import service_errors
+
     probe = PeerRolloutPooling(receivers=["nope"], lambda_per_policy={"ghost": 0.1})
-    trainer = SimpleNamespace(callbacks=[probe])
-    errors = probe.config_errors(trainer, SimpleNamespace(policies={"a": None, "b": None}))
+    ctx = SimpleNamespace(callbacks=[probe], placement=None)
+    errors = probe.config_errors(ctx, SimpleNamespace(policies={"a": None, "b": None})) + service_errors([probe])
     assert any("'nope'" in e for e in errors) and any("'ghost'" in e for e in errors)
     assert any("SharedExperienceExchange" in e for e in errors)
 
@@ -335,8 +339,10 @@ def test_batch_scaled_prp_on_several_ranks_of_one_policy_is_refused():
     system = SimpleNamespace(policies=policies)
 
     def trainer(world, mode):
-        return SimpleNamespace(callbacks=[SharedExperienceExchange(), prp], placement_mode=mode, policy_ranks=None,
-                               fabric=SimpleNamespace(world_size=world))
+        from mrl_lightning.mwra import build_placement
+
+        return SimpleNamespace(callbacks=[SharedExperienceExchange(), prp],
+                               placement=build_placement(mode, None, list(policies), world))
 
     errors = prp.config_errors(trainer(2, "colocated"), system)  # a and b on both ranks
     assert len(errors) == 1 and "policy 'a' has scale_rewards='batch' and 2 data-parallel ranks" in errors[0]

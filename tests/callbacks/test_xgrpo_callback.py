@@ -145,7 +145,10 @@ def test_invalid_options_are_all_reported():
 def test_config_errors_need_see_known_receivers_and_group_scaling():
     probe = CrossPolicyAdvantage(receivers=["a", "ghost"])
     policies = {"a": SimpleNamespace(scale_rewards="batch"), "b": SimpleNamespace(scale_rewards="group")}
+    from mrl_lightning.callbacks.base import service_errors
+
     errors = probe.config_errors(SimpleNamespace(callbacks=[probe]), SimpleNamespace(policies=policies))
+    errors += service_errors([probe])
     assert any("'ghost'" in e for e in errors)
     assert any("scale_rewards='batch'" in e and "scale_rewards: group" in e for e in errors)
     assert any("SharedExperienceExchange" in e for e in errors)

@@ -11,8 +11,8 @@ class FaultOnRank(MRLCallback):
     def __init__(self, rank: int = 1, step: int = 3, sleep_s: float = 0.0) -> None:
         self.rank, self.step, self.sleep_s = rank, step, sleep_s
 
-    def on_compose_batch(self, trainer, system, policy, batch) -> None:
-        if trainer.fabric.global_rank == self.rank and trainer.global_step + 1 == self.step:
+    def on_compose_batch(self, ctx, system, policy, batch) -> None:
+        if ctx.fabric.global_rank == self.rank and ctx.global_step + 1 == self.step:
             if self.sleep_s:
                 time.sleep(self.sleep_s)
             else:

@@ -71,12 +71,12 @@ def test_tensorboard_has_per_policy_and_probe_tags(write_config):
 
 
 def test_resume_continues_with_identical_state(write_config, tmp_path, monkeypatch):
-    from mrl_lightning.policy import PolicyModule
+    from mrl_lightning.builders import models
 
     asked = []  # the trainer tells each policy whether it resumes (no repeated warm-start warning then)
-    materialize = PolicyModule.materialize
-    monkeypatch.setattr(PolicyModule, "materialize", lambda self, *a, **k: (
-        asked.append(k.get("resuming", False)), materialize(self, *a, **k))[1])
+    materialize = models.materialize
+    monkeypatch.setattr(models, "materialize", lambda policy, *a, **k: (
+        asked.append(k.get("resuming", False)), materialize(policy, *a, **k))[1])
     # the straight run writes compressed checkpoints, the resumed one plain ones: both resume exactly
     straight = write_config("straight.yaml", modify=lambda c: c["trainer"].update(
         max_steps=4, version="straight", keep_checkpoints=10, compress_checkpoints=True))
@@ -126,7 +126,7 @@ def test_checkpoint_of_another_config_is_rejected_before_building(write_config, 
         c["trainer"].update(version="b", max_steps=4)
 
     cfg = write_config("b.yaml", modify=rename)
-    monkeypatch.setattr("mrl_lightning.policy.PolicyModule.build",
+    monkeypatch.setattr("mrl_lightning.builders.models.build_policy",
                         lambda *a, **k: (_ for _ in ()).throw(AssertionError("built before the check")))
     assert main(["fit", "--config", str(cfg), "--ckpt_path", str(run / "checkpoints" / "last.ckpt")]) == 2
     assert "llama2" in capsys.readouterr().err

@@ -24,7 +24,7 @@ from vllm_double import FakeLLM, FakeSamplingParams  # noqa: E402
 @pytest.fixture
 def double_engines(monkeypatch):
     """Every vLLM engine the loop builds samples with the double (the real share computation kept)."""
-    from mrl_lightning.rollout import vllm_setup
+    from mrl_lightning.builders import engines as vllm_setup
 
     built = []
 
@@ -36,7 +36,7 @@ def double_engines(monkeypatch):
     def build(policy, policies, prompts_per_rank):
         return vllm_setup.build_vllm_engine(policy, policies, prompts_per_rank, factory=factory, device_memory_gib=24.0)
 
-    monkeypatch.setattr("mrl_lightning.rollout.vllm_setup.missing_packages", lambda mode: [])
+    monkeypatch.setattr("mrl_lightning.rollout.options.missing_packages", lambda mode: [])
     monkeypatch.setattr("mrl_lightning.system.build_vllm_engine", build)
     return built
 

@@ -11,8 +11,10 @@ import torch
 import torch.distributed as dist
 
 from mrl_lightning.batch import TrainBatch
+from mrl_lightning.builders import build_policy as build_model
 from mrl_lightning.mwra import Workers, build_placement, shard_bounds
-from mrl_lightning.policy import PolicyModule, loss_counts, policy_update
+from mrl_lightning.policy import PolicyModule
+from mrl_lightning.update import loss_counts, policy_update
 
 FABRIC = SimpleNamespace(
     backward=lambda loss: loss.backward(),
@@ -23,7 +25,7 @@ FABRIC = SimpleNamespace(
 def build_policy(folder, loss_type: str, g: int, length: int) -> PolicyModule:
     policy = PolicyModule(name="p", model=str(folder), temperature=0.7, num_generations=g, max_completion_length=length,
                           loss_type=loss_type, mask_truncated_completions=True)
-    policy.build()
+    build_model(policy)
     return policy
 
 
@@ -44,7 +46,7 @@ def update(policy, rollout, advantages, workers=None, name="p"):
     if workers is not None:
         batch.group_counts = workers.group_sum(name, batch.counts)
         sync = partial(workers.reduce_gradients, name)
-    policy_update(policy, batch, policy.model, FABRIC, optimizer, sync_gradients=sync)
+    policy_update(policy, batch, policy.model, FABRIC, optimizer, reduce_gradients=sync)
     return [p.detach().clone() for p in policy.model.parameters()]
 
 

@@ -13,9 +13,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from mrl_lightning.builders import build_policy
 from mrl_lightning.batch import TrainBatch
 from mrl_lightning.objectives.grpo import grpo_loss
-from mrl_lightning.policy import PolicyModule, policy_update
+from mrl_lightning.policy import PolicyModule
+from mrl_lightning.update import policy_update
 from mrl_lightning.rollout import HFGenerateEngine
 
 PROMPTS = ["Calculate 1 + 2.", "What is 7 - 5?\nAnswer:"]
@@ -32,7 +34,7 @@ FABRIC = SimpleNamespace(
 def _policy(folder, micro, **options):
     policy = PolicyModule(name="p", model=str(folder), temperature=0.7, num_generations=G, max_completion_length=L,
                           micro_batch_size=micro, **options)
-    policy.build()
+    build_policy(policy)
     return policy
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mrl_lightning.errors import ConfigError
-from mrl_lightning.mwra import build_placement, combine_metrics, shard_bounds
+from mrl_lightning.mwra import build_placement, shard_bounds
 from mrl_lightning.mwra.plan import ModelShape, PolicyPlacement, policy_memory_bytes, validate_resources
 
 NAMES = ["gpt2", "llama"]
@@ -125,18 +125,6 @@ def test_memory_estimate_counts_optimizer_state_and_the_reference_model():
     assert with_ref - without == 4_000_000
 
 
-def test_metrics_from_a_policy_group_combine_by_kind():
-    merged = combine_metrics([
-        {"train/p/loss": 0.25, "rollout/p/reward_mean": 0.5, "train/p/ratio_max": 1.1, "probe/sgt/p/transfers": 2.0,
-         "exchange/records_held": 10.0, "rollout/q/reward_mean": 0.9},
-        {"train/p/loss": 0.5, "rollout/p/reward_mean": 0.7, "train/p/ratio_max": 1.3, "probe/sgt/p/transfers": 3.0,
-         "exchange/records_held": 10.0},
-    ])
-    assert merged == pytest.approx({"train/p/loss": 0.75, "rollout/p/reward_mean": 0.6, "train/p/ratio_max": 1.3,
-                                    "probe/sgt/p/transfers": 5.0, "exchange/records_held": 10.0,
-                                    "rollout/q/reward_mean": 0.9})
-
-
 def test_a_worker_holds_every_policys_states_but_one_policys_activations_at_a_time():
     from mrl_lightning.mwra.plan import worker_memory_gib
 
@@ -150,10 +138,10 @@ def test_a_worker_holds_every_policys_states_but_one_policys_activations_at_a_ti
 @pytest.mark.parametrize("value, expected", [("1", 1), ("3", 3), ("", None), ("0", None), ("two", None)])
 def test_threads_per_worker_follow_omp_num_threads_when_not_configured(monkeypatch, value, expected):
     """``trainer.num_threads: null`` takes ``OMP_NUM_THREADS`` when it is a positive integer."""
-    from mrl_lightning.trainer import _omp_threads
+    from mrl_lightning.mwra.plan import omp_threads
 
     monkeypatch.setenv("OMP_NUM_THREADS", value)
-    assert _omp_threads() == expected
+    assert omp_threads() == expected
 
 
 def test_the_plan_marks_a_recipes_sizes_as_upper_bounds_and_a_folders_as_exact():

@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 
+from mrl_lightning.batch import AuxiliaryLoss
 from mrl_lightning.objectives.aux_share import backward_aux_losses, share_scale
 
 
@@ -36,11 +37,13 @@ def test_bound_outside_zero_one_is_refused(bound):
         share_scale(1.0, 1.0, bound)
 
 
-class _Term:
+class _Term(AuxiliaryLoss):
     def __init__(self, name, fn, max_grad_share=None):
         self.name, self.fn, self.max_grad_share = name, fn, max_grad_share
+        self.totals_seen = []
 
-    def __call__(self, policy, model):
+    def __call__(self, policy, model, totals):
+        self.totals_seen.append(totals)
         return self.fn(model), {f"probe/{self.name}/p/loss": 1.0}
 
 
@@ -91,3 +94,34 @@ def test_norm_is_over_all_parameters():
     assert metrics["sgt/grad_norm"] == pytest.approx(math.sqrt(8))
     assert metrics["sgt/grad_share"] == pytest.approx(math.sqrt(8) / (1 + math.sqrt(8)))
     assert a.grad.tolist() == [1.0, 2.0] and b.grad.tolist() == [2.0]
+
+
+def test_the_bound_is_measured_on_the_groups_gradient_not_this_ranks():
+    """Two ranks of one policy: rank A holds the GRPO signal (g_0 = [3, 0]) and no transfer; rank B
+    holds the transfer (g_k = [0, 4]) and no GRPO signal. One rank on the whole batch sees both: share
+    4/7 > 0.25, so s = 0.25/0.75 * 3/4 = 0.25 and the update is [3, 1]. Each rank, given the group's
+    reduction, must take that step; measured on its own gradients alone, rank B would drop the
+    transfer (its ||g_0|| is 0) and rank A would see no term at all."""
+    w_a = torch.nn.Parameter(torch.tensor([0.5, -1.0]))
+    w_b = torch.nn.Parameter(torch.tensor([0.5, -1.0]))
+    w_a.grad = torch.tensor([3.0, 0.0])  # the GRPO gradient, already reduced over the group (A + B)
+    w_b.grad = torch.tensor([3.0, 0.0])
+    other_rank_term = {"a": torch.tensor([0.0, 4.0]), "b": torch.tensor([0.0, 0.0])}  # the peer's g_k
+
+    def reduce_on(rank):
+        def reduce(params):
+            (p,) = params
+            local = p.grad if p.grad is not None else torch.zeros_like(p)
+            p.grad = local + other_rank_term[rank]
+        return reduce
+
+    terms = [("sgt", 0.25)]  # the group's term names: rank A has none of its own
+    m_a = backward_aux_losses([], None, w_a, lambda loss: loss.backward(), [w_a], tag=lambda n: n,
+                              reduce=reduce_on("a"), terms=terms)
+    term = _Term("sgt", lambda w: 4.0 * w[1], max_grad_share=0.25)
+    m_b = backward_aux_losses([term], None, w_b, lambda loss: loss.backward(), [w_b], tag=lambda n: n,
+                              totals={"sgt_demos": 3.0}, reduce=reduce_on("b"), terms=terms)
+    assert w_a.grad.tolist() == pytest.approx([3.0, 1.0]) and w_b.grad.tolist() == pytest.approx([3.0, 1.0])
+    for m in (m_a, m_b):
+        assert m["sgt/grad_share_raw"] == pytest.approx(4 / 7) and m["sgt/grad_scale"] == pytest.approx(0.25)
+    assert term.totals_seen == [{"sgt_demos": 3.0}]  # the group's totals reach the term as an argument

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import torch
 
-from mrl_lightning.policy import PolicyModule, warmup_learning_rate
+from mrl_lightning.policy import PolicyModule
+from mrl_lightning.update import warmup_learning_rate
 
 
 def _model() -> torch.nn.Module:

@@ -14,12 +14,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from mrl_lightning.builders import build_policy
 from mrl_lightning.batch import TrainBatch
 from mrl_lightning.callbacks.sgt import SuccessGatedTransfer
 from mrl_lightning.data.items import PromptItem
 from mrl_lightning.exchange import SuccessRecord
 from mrl_lightning.exchange.buffer import ExperienceExchange
-from mrl_lightning.policy import PolicyModule, policy_update
+from mrl_lightning.policy import PolicyModule
+from mrl_lightning.update import policy_update
 from mrl_lightning.rollout import HFGenerateEngine
 
 PROMPTS = ["Calculate 1 + 2.\nAnswer:", "Calculate 7 - 5.\nAnswer:"]
@@ -63,7 +65,7 @@ def _update(lm_dir, probe: SuccessGatedTransfer | None):
     torch.manual_seed(1)
     policy = PolicyModule(name="me", model=str(lm_dir), num_generations=G, max_completion_length=L,
                           max_grad_norm=None)
-    policy.build()
+    build_policy(policy)
     torch.manual_seed(2)
     rollouts = HFGenerateEngine().generate(policy.model, policy.tokenizer, policy.encode_prompts(PROMPTS),
                                            num_generations=G, max_completion_length=L)

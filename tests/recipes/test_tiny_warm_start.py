@@ -12,6 +12,7 @@ import json
 
 import pytest
 
+from mrl_lightning.builders import materialize
 from mrl_lightning.recipes.tiny import warm_start_shortfall
 
 PARTS = [
@@ -81,12 +82,12 @@ def test_warm_start_below_target_warns_and_records_it(tmp_path):
 
     # a resumed run takes its weights from the checkpoint: the cache hit does not repeat the warning
     resumed: list[str] = []
-    assert policy.materialize(data, cache_log=resumed.append, resuming=True) == str(folder)
+    assert materialize(policy, data, cache_log=resumed.append, resuming=True) == str(folder)
     assert any("cache hit" in line for line in resumed) and not any("warning:" in line for line in resumed)
     # ... unless beta > 0: the reference model is still the built (short) warm start
     with_kl: list[str] = []
-    type(policy)(name="tiny", model=recipe, max_completion_length=3, beta=0.04).materialize(
-        data, cache_log=with_kl.append, resuming=True)
+    materialize(type(policy)(name="tiny", model=recipe, max_completion_length=3, beta=0.04),
+                data, cache_log=with_kl.append, resuming=True)
     assert warnings[0] in with_kl
 
 

@@ -44,13 +44,14 @@ def tiny_lm_folder(tmp_path_factory):
 @pytest.fixture
 def make_policy(tiny_lm_folder):
     """A built PolicyModule on the tiny GPT-2 (keyword arguments go to PolicyModule)."""
+    from mrl_lightning.builders import build_policy
     from mrl_lightning.policy import PolicyModule
 
     def _make(**kwargs):
         kwargs = {"name": "tiny", "model": str(tiny_lm_folder), "num_generations": 4, "max_completion_length": 6,
                   "prompt_template": "{question}\nAnswer:", "learning_rate": 1e-2, **kwargs}
         policy = PolicyModule(**kwargs)
-        policy.build()
+        build_policy(policy)
         return policy
 
     return _make

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mrl_lightning.builders import materialize
 from mrl_lightning import checkpoint as ckpt
 from mrl_lightning.checkpoint import FORMAT_VERSION, CheckpointError, atomic_save, load_checkpoint
 from mrl_lightning.cli import main
@@ -186,7 +187,7 @@ def test_a_recipe_cache_miss_leaves_the_random_generators_as_a_hit_does(tmp_path
     policy = PolicyModule(name="p", model=recipe)
     for _ in ("miss", "hit"):
         torch.manual_seed(123), random.seed(123), np.random.seed(123)
-        policy.materialize(data, cache_log=lambda msg: None)
+        materialize(policy, data, cache_log=lambda msg: None)
         assert torch.equal(torch.get_rng_state(), torch.manual_seed(123).get_state())
         assert random.random() == random.Random(123).random()
         assert np.random.random() == np.random.RandomState(123).random_sample()

@@ -13,7 +13,7 @@ from mrl_lightning.callbacks import SharedExperienceExchange
 from mrl_lightning.data.items import PromptItem
 from mrl_lightning.numerics import MAX_CONSECUTIVE_SKIPS, NonFiniteError
 from mrl_lightning.objectives.grpo import group_advantages
-from mrl_lightning.policy import loss_counts, policy_update
+from mrl_lightning.update import loss_counts, policy_update
 from mrl_lightning.reporting import rollout_metrics
 from mrl_lightning.rewards import RewardFunction
 from mrl_lightning.thl import retokenize

@@ -20,7 +20,7 @@ from gpu_check_vllm import main, run_check  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def vllm_installed(monkeypatch):
-    monkeypatch.setattr("mrl_lightning.rollout.vllm_setup.missing_packages", lambda mode: [])
+    monkeypatch.setattr("mrl_lightning.rollout.options.missing_packages", lambda mode: [])
 
 
 def _factory(lose_pushes: bool = False):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mrl_lightning.builders import build_policy
 from mrl_lightning.objectives.grpo import grpo_loss
 from mrl_lightning.policy import PolicyModule
 from mrl_lightning.rollout import HFGenerateEngine
@@ -22,7 +23,7 @@ G, L = 3, 6
 def _policy(folder, temperature):
     policy = PolicyModule(name="p", model=str(folder), temperature=temperature, num_generations=G,
                           max_completion_length=L)
-    policy.build()
+    build_policy(policy)
     return policy
 
 

@@ -17,13 +17,16 @@ import pytest
 import torch
 from vllm_double import FakeLLM, FakeSamplingParams, FakeVLLMClient
 
+from mrl_lightning.builders import build_policy
 from mrl_lightning.batch import TrainBatch
 from mrl_lightning.errors import ConfigError
-from mrl_lightning.policy import PolicyModule, policy_update
+from mrl_lightning.policy import PolicyModule
+from mrl_lightning.update import policy_update
 from mrl_lightning.rewards.base import RewardFunction
 from mrl_lightning.rollout import HFGenerateEngine
-from mrl_lightning.rollout.vllm_engine import EngineRolloutBatch, Sample, VLLMEngine
-from mrl_lightning.rollout.vllm_setup import build_vllm_engine
+from mrl_lightning.rollout.base import RolloutBatch
+from mrl_lightning.rollout.vllm_engine import Sample, VLLMEngine
+from mrl_lightning.builders.engines import build_vllm_engine
 from mrl_lightning.system import MutualRL
 from mrl_lightning.thl import decode_completion
 
@@ -34,7 +37,7 @@ G, L = 4, 6
 @pytest.fixture(autouse=True)
 def vllm_installed(monkeypatch):
     """The config check looks for the vllm package; the double stands in for it here."""
-    monkeypatch.setattr("mrl_lightning.rollout.vllm_setup.missing_packages", lambda mode: [])
+    monkeypatch.setattr("mrl_lightning.rollout.options.missing_packages", lambda mode: [])
 
 
 def _policy(folder, **kwargs) -> PolicyModule:
@@ -42,7 +45,7 @@ def _policy(folder, **kwargs) -> PolicyModule:
                 rollout_engine="vllm")
     args.update(kwargs)
     policy = PolicyModule(**args)
-    policy.build()
+    build_policy(policy)
     return policy
 
 
@@ -65,7 +68,8 @@ def _generate(engine, policy, seed=1, **kwargs):
     torch.manual_seed(seed)
     args = dict(num_generations=G, max_completion_length=L, temperature=policy.temperature)
     args.update(kwargs)
-    return engine.generate(policy.model, policy.tokenizer, policy.encode_prompts(PROMPTS), **args)
+    return engine.generate(policy.model, policy.tokenizer, policy.encode_prompts(PROMPTS),
+                           weights_version=policy.optimizer_steps_taken, **args)
 
 
 def _trainer_logprobs(policy, out) -> torch.Tensor:
@@ -100,7 +104,7 @@ def test_engine_returns_the_rollout_contract(tiny_lm_dir):
     engine, llm = _engine(policy)
     out = _generate(engine, policy)
     n = len(PROMPTS) * G
-    assert isinstance(out, EngineRolloutBatch)
+    assert isinstance(out, RolloutBatch) and out.sampling_logprobs is not None
     assert out.prompt_ids.shape[0] == out.completion_ids.shape[0] == n
     assert out.completion_ids.shape == out.completion_mask.shape == out.old_logprobs.shape
     # Only the policy's settings reach vLLM, one request per prompt with its own seed.

@@ -17,7 +17,8 @@ from mrl_lightning.errors import ConfigError
 from mrl_lightning.objectives.grpo import grpo_loss
 from mrl_lightning.policy import PolicyModule
 from mrl_lightning.rollout.sampler_correction import importance_weights, sampler_mismatch_metrics
-from mrl_lightning.rollout.vllm_setup import colocated_memory_share
+from mrl_lightning.builders.engines import colocated_memory_share
+from mrl_lightning.model_source import ModelRecipe
 
 LN = math.log
 SAMPLER = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -1.0, -1.0]])
@@ -105,7 +106,7 @@ def test_bad_weight_settings_raise_before_any_work(mode, clip_max, clip_min, mes
 # --------------------------------------------------------------------- policy options
 @pytest.fixture
 def vllm_installed(monkeypatch):
-    monkeypatch.setattr("mrl_lightning.rollout.vllm_setup.missing_packages", lambda mode: [])
+    monkeypatch.setattr("mrl_lightning.rollout.options.missing_packages", lambda mode: [])
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -121,16 +122,23 @@ def test_bad_vllm_options_are_config_errors(tiny_lm_dir, vllm_installed, kwargs,
 
 
 def test_vllm_without_the_package_names_the_install_command(tiny_lm_dir, monkeypatch):
-    monkeypatch.setattr("mrl_lightning.rollout.vllm_setup.missing_packages", lambda mode: ["vllm"])
+    monkeypatch.setattr("mrl_lightning.rollout.options.missing_packages", lambda mode: ["vllm"])
     with pytest.raises(ConfigError, match=r"needs \['vllm'\], not installed here.*pip install -e '\.\[vllm\]'"):
         PolicyModule(name="p", model=str(tiny_lm_dir), rollout_engine="vllm")
     PolicyModule(name="p", model=str(tiny_lm_dir))  # the HF engine needs nothing more
 
 
 # ----------------------------------------------------------------------- memory share
+class _ConfigOnly(ModelRecipe):
+    """A recipe whose model config is a placeholder (the memory terms are stubbed)."""
+
+    def model_config(self):
+        return object()
+
+
 def _p(name, engine="vllm", mode="colocate", share=None):
     return SimpleNamespace(policy_name=name, rollout_engine=engine, vllm_mode=mode, vllm_gpu_memory_utilization=share,
-                           model_config=lambda: object())
+                           model_source=_ConfigOnly())
 
 
 @pytest.fixture

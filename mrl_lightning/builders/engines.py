@@ -1,8 +1,8 @@
-"""Checking a policy's vLLM settings, sizing a colocated engine, and building it (docs/rollout.md).
+"""Building a policy's vLLM engine and sizing a colocated one's memory share (docs/rollout.md).
 
-Nothing here imports vLLM at module level: :func:`vllm_config_errors` runs with the
-config checks (before any model is built) and only looks for the packages;
-:func:`build_vllm_engine` imports them when the first rollout needs the engine.
+Nothing here imports vLLM at module level: :func:`build_vllm_engine` imports it when the
+first rollout needs the engine (the settings themselves are checked before any model is
+built, by :mod:`mrl_lightning.rollout.options`).
 
 Memory share of a colocated engine (``vllm_gpu_memory_utilization: null``). vLLM's
 ``gpu_memory_utilization`` is the fraction of the device's total memory one engine may
@@ -25,61 +25,13 @@ then stop growing with the prompts) or ``vllm_gpu_memory_utilization`` to contro
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
 from typing import Any
 
 from mrl_lightning.errors import ConfigError
-from mrl_lightning.rollout.sampler_correction import importance_sampling_errors
 
-ROLLOUT_ENGINES = ("hf", "vllm")
-VLLM_MODES = ("colocate", "server")
-# The versions whose source this module was written against (pyproject's `vllm` extra).
-VLLM_VERSIONS = ">=0.32,<0.34"
 MIN_SHARE, MAX_SHARE, RESERVE_GIB = 0.05, 0.9, 1.0
-
-
-def missing_packages(mode: str) -> list[str]:
-    """Packages a vLLM engine in ``mode`` needs that this environment lacks (``vllm``; ``trl`` for a server)."""
-    needed = ["vllm"] + (["trl"] if mode == "server" else [])
-    return [name for name in needed if importlib.util.find_spec(name) is None]
-
-
-def vllm_config_errors(where: str, policy) -> list[str]:
-    """Problems of a policy's ``rollout_engine`` / ``vllm_*`` settings, without importing vLLM.
-
-    Args:
-        where: Prefix naming the policy, e.g. ``"policy 'qwen'"``.
-        policy: The :class:`~mrl_lightning.policy.PolicyModule` (its attributes are read).
-
-    Returns:
-        Error messages naming the field, the value and the fix (empty when valid).
-    """
-    errors = []
-    if policy.rollout_engine not in ROLLOUT_ENGINES:
-        errors.append(f"{where}: rollout_engine={policy.rollout_engine!r}; valid: {list(ROLLOUT_ENGINES)}.")
-    if policy.vllm_mode not in VLLM_MODES:
-        errors.append(f"{where}: vllm_mode={policy.vllm_mode!r}; valid: {list(VLLM_MODES)}.")
-    share = policy.vllm_gpu_memory_utilization
-    if share is not None and not 0 < share < 1:
-        errors.append(f"{where}: vllm_gpu_memory_utilization={share} must be in (0, 1) (the fraction of the GPU's "
-                      "memory this engine may hold), or null to take the share the MWRA plan leaves.")
-    if not 0 < policy.vllm_server_port < 65536 or not 0 < policy.vllm_group_port < 65536:
-        errors.append(f"{where}: vllm_server_port={policy.vllm_server_port} and vllm_group_port="
-                      f"{policy.vllm_group_port} must be TCP ports in 1-65535.")
-    if not policy.vllm_server_timeout > 0:
-        errors.append(f"{where}: vllm_server_timeout={policy.vllm_server_timeout} must be > 0 seconds.")
-    errors.extend(importance_sampling_errors(where, policy.vllm_importance_sampling_mode,
-                                             policy.vllm_importance_sampling_clip_max,
-                                             policy.vllm_importance_sampling_clip_min))
-    if policy.rollout_engine == "vllm" and policy.vllm_mode in VLLM_MODES:
-        missing = missing_packages(policy.vllm_mode)
-        if missing:
-            errors.append(f"{where}: rollout_engine='vllm' (vllm_mode={policy.vllm_mode!r}) needs {missing}, not "
-                          "installed here. On a CUDA machine run pip install -e '.[vllm]' (vllm "
-                          f"{VLLM_VERSIONS}), or set rollout_engine: hf.")
-    return errors
 
 
 def colocated_memory_share(policies: list, prompts_per_rank: int, device_memory_gib: float) -> dict[str, float]:
@@ -99,6 +51,7 @@ def colocated_memory_share(policies: list, prompts_per_rank: int, device_memory_
     Raises:
         ConfigError: the share left is below 0.05, naming the numbers and the fixes.
     """
+    from mrl_lightning.builders.models import model_config
     from mrl_lightning.mwra.plan import GIB, model_shape, policy_memory_terms
 
     colocated = [p for p in policies if p.rollout_engine == "vllm" and p.vllm_mode == "colocate"]
@@ -107,7 +60,7 @@ def colocated_memory_share(policies: list, prompts_per_rank: int, device_memory_
         return {}
     training = 0.0
     for p in policies:
-        config = p.model_config()
+        config = model_config(p)
         if config is not None:
             terms = policy_memory_terms(model_shape(config), p, prompts_per_rank)
             # a vLLM policy samples in its engine's own memory: no HF sampling KV cache

@@ -1,0 +1,153 @@
+"""Step scalars that say how they combine: over a policy's ranks, and over a log window.
+
+A metric is produced as a plain ``float`` or as one of the kinds below, chosen where it is
+produced (the producer knows what the number is; the loop and MWRA do not):
+
+=================  =========================================  ===================================
+kind               across the ranks that report it (a step)   over a log window (its steps)
+=================  =========================================  ===================================
+plain ``float``    mean                                       mean
+:class:`Sum`       sum (counts; loss parts already divided    mean
+                   by the group's totals)
+:class:`Mean`      mean weighted by its ``weight`` (rates     mean
+                   over tokens, sequences, prompts)
+:class:`Max`       max                                        mean
+:class:`Min`       min                                        mean
+:class:`Moments`   recomputed from pooled n, sum, sum of      mean
+                   squares (a std, Bessel-corrected)
+:class:`Global`    the first rank's (the same on every rank:  the last step's
+                   run-wide counters, what SEE holds)
+=================  =========================================  ===================================
+
+A tag reported by one rank only is taken as it is. Every kind is a ``float`` subclass, so
+a value reads, compares and logs as the number it is; the kind travels with it through
+``torch.distributed``'s object collectives (pickling keeps the subclass and its fields).
+Formulas: weighted mean ``sum(w_r x_r) / sum(w_r)``; pooled std
+``sqrt((S2 - S1^2 / n) / (n - 1))`` over the ranks' ``n``, ``S1 = sum x``, ``S2 = sum x^2``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+
+class Sum(float):
+    """A count (or a loss part already divided by the group's totals): summed over ranks."""
+
+
+class Max(float):
+    """A maximum: the largest over ranks."""
+
+
+class Min(float):
+    """A minimum: the smallest over ranks."""
+
+
+class Global(float):
+    """A run-wide value every rank holds alike (cumulative counters, SEE's counters).
+
+    Over ranks: the first rank's; over a log window: the last step's (a counter, not a rate).
+    """
+
+
+class Mean(float):
+    """A mean over ``weight`` units (tokens, sequences, prompts): weighted over ranks.
+
+    Args:
+        value: The mean on this rank.
+        weight: How many units it averages (>= 0); a rank with weight 0 does not count.
+    """
+
+    def __new__(cls, value: float, weight: float = 1.0) -> Mean:
+        obj = super().__new__(cls, value)
+        obj.weight = float(weight)
+        return obj
+
+
+class Moments(float):
+    """A standard deviation (Bessel) that is recomputed from pooled moments over ranks.
+
+    Build it with :meth:`of`; ``n``, ``total`` (sum) and ``total_sq`` (sum of squares) travel with it.
+    """
+
+    def __new__(cls, value: float, n: float = 0.0, total: float = 0.0, total_sq: float = 0.0) -> Moments:
+        obj = super().__new__(cls, value)
+        obj.n, obj.total, obj.total_sq = float(n), float(total), float(total_sq)
+        return obj
+
+    @classmethod
+    def of(cls, values: Iterable[float], std: float | None = None) -> Moments:
+        """The std of ``values`` with their moments.
+
+        Args:
+            values: The samples (finite floats).
+            std: The std to report on this rank (e.g. computed by torch, for bit-equality with
+                an earlier log); None = computed here. 0 for fewer than 2 values.
+        """
+        xs = [float(x) for x in values]
+        n, s1, s2 = float(len(xs)), math.fsum(xs), math.fsum(x * x for x in xs)
+        return cls(_pooled_std(n, s1, s2) if std is None else std, n, s1, s2)
+
+
+def _pooled_std(n: float, s1: float, s2: float) -> float:
+    if n < 2:
+        return 0.0
+    return math.sqrt(max(s2 - s1 * s1 / n, 0.0) / (n - 1.0))
+
+
+def _combine(values: list[float]) -> float:
+    first = values[0]
+    if isinstance(first, Global):
+        return first
+    if isinstance(first, Sum):
+        return Sum(sum(values))
+    if isinstance(first, Max):
+        return Max(max(values))
+    if isinstance(first, Min):
+        return Min(min(values))
+    if isinstance(first, Mean):
+        weights = [getattr(v, "weight", 1.0) for v in values]
+        total = sum(weights)
+        if total <= 0:
+            return Mean(sum(values) / len(values), 0.0)
+        return Mean(sum(w * v for w, v in zip(weights, values) if w > 0) / total, total)
+    if isinstance(first, Moments):
+        n = sum(getattr(v, "n", 0.0) for v in values)
+        s1 = sum(getattr(v, "total", 0.0) for v in values)
+        s2 = sum(getattr(v, "total_sq", 0.0) for v in values)
+        return Moments(_pooled_std(n, s1, s2), n, s1, s2)
+    return sum(values) / len(values)
+
+
+def combine_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """One step's metrics from several ranks, each tag combined by its kind (module docstring).
+
+    Args:
+        per_rank: Each rank's metrics of the same step, in rank order.
+
+    Returns:
+        Tag -> combined value (a tag reported by one rank: its value as it is).
+    """
+    values: dict[str, list[float]] = {}
+    for metrics in per_rank:
+        for key, value in metrics.items():
+            values.setdefault(key, []).append(value)
+    return {key: vals[0] if len(vals) == 1 else _combine(vals) for key, vals in values.items()}
+
+
+def window_reduce(steps: list[dict[str, float]]) -> dict[str, float]:
+    """A log window's metrics: each tag's mean over the steps that report it (:class:`Global`: the last).
+
+    Args:
+        steps: The window's per-step metrics (already combined over ranks), oldest first.
+
+    Returns:
+        Tag -> plain float, ready to log.
+    """
+    values: dict[str, list[float]] = {}
+    for metrics in steps:
+        for key, value in metrics.items():
+            values.setdefault(key, []).append(value)
+    return {key: float(vals[-1]) if isinstance(vals[-1], Global) else sum(vals) / len(vals)
+            for key, vals in values.items()}

@@ -1,0 +1,50 @@
+"""Where a policy's model comes from: a local folder, a hub id, or a recipe that builds a folder.
+
+The policy depends on :class:`ModelRecipe`, the interface; recipes (e.g.
+:class:`~mrl_lightning.recipes.TinyCausalLM`) implement it, so the policy never imports a
+recipe and a new recipe needs no change to the policy. ``model:`` in YAML takes either a
+string (folder or hub id) or a recipe's ``class_path``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+
+class ModelRecipe:
+    """A recipe that writes a folder ``AutoModelForCausalLM.from_pretrained`` can load.
+
+    Subclasses implement :meth:`materialize` and :meth:`model_config`; they keep their
+    settings as instance attributes (a recipe's cache key may hash them).
+    """
+
+    def materialize(self, policy, datamodule, log: Callable[[str], None] = print,
+                    warn_shortfall: bool = True) -> Path:
+        """Build (or find in a cache) the folder, and return it.
+
+        Args:
+            policy: The :class:`~mrl_lightning.policy.PolicyModule` (templates, name).
+            datamodule: The data module (corpus, warm-start prompts).
+            log: Where progress lines go.
+            warn_shortfall: Repeat a cached build's warning (e.g. a warm-start below its target).
+
+        Raises:
+            ValueError: the recipe does not fit the data (named by the subclass).
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement materialize()")
+
+    def model_config(self):
+        """The ``transformers`` config this recipe builds, without building it (vocabulary at its upper bound)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement model_config()")
+
+    @property
+    def strong_parts(self) -> list[str] | None:
+        """Task parts the built model starts good at (a warm-start's part); None = not known."""
+        return None
+
+
+def looks_local(path: str) -> bool:
+    """True when ``path`` reads as a local path (``.``, ``/``, ``~`` or an existing path with a separator)."""
+    return path.startswith((".", "/", "~")) or os.path.isabs(path) or os.sep in path and os.path.exists(path)

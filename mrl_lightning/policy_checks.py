@@ -1,0 +1,177 @@
+"""Config checks of a policy that need more than its own fields: sources, tokenizer, templates, prompts.
+
+Run at construction (:meth:`~mrl_lightning.policy.PolicyModule.config_errors`), before
+any model is built, and for a recipe's tokenizer once the recipe has made it:
+
+- :func:`source_errors`: a ``model`` / ``tokenizer`` folder that does not exist, a hub id
+  that cannot be reached offline (:mod:`mrl_lightning.hub`), a tokenizer that
+  :func:`tokenizer_errors` rejects (no EOS, no pad token, a missing chat template);
+- :func:`template_errors`: a ``str.format`` template without its one field.
+
+Two things can make a policy unable to see its question, and neither raises on its own:
+
+- a template that renders the same prompt for different questions: a chat template that
+  drops the user turn, or a ``max_prompt_length`` so small that left truncation keeps only
+  the template's end, the same for every question. :func:`prompt_collision_errors`
+  renders two unlike questions with the policy's own template, chat template and
+  truncation and reports a config error when the token ids come out equal.
+- a prompt longer than ``max_prompt_length``: its ids are cut from the left (the start of
+  the question is lost, the template's end kept, as TRL truncates). :func:`note_prompt_lengths`
+  counts such prompts (``rollout/<policy>/prompts_truncated_share`` per step, and
+  ``prompts_truncated`` on the policy in all) and warns once per policy.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+from mrl_lightning.chat import chat_template_errors
+from mrl_lightning.hub import HubUnreachableError, hub_load_kwargs
+from mrl_lightning.model_source import looks_local
+
+PROBE_QUESTIONS = ("What is 12 + 7?", "Name the capital of France, in one word.")
+
+
+def prompt_collision_errors(policy) -> list[str]:
+    """Config errors when two unlike questions give the same prompt ids under ``policy``.
+
+    Args:
+        policy: A :class:`~mrl_lightning.policy.PolicyModule` whose ``tokenizer`` is set.
+
+    Returns:
+        Error messages naming the field, the value and the fix (empty when prompts differ).
+    """
+    p = f"policy {policy.policy_name!r}"
+    texts = [policy.render_prompt(SimpleNamespace(question=q)) for q in PROBE_QUESTIONS]
+    if texts[0] == texts[1]:
+        where = ("its tokenizer's chat template (chat_template: true)" if getattr(policy, "chat_template", False)
+                 else f"prompt_template={policy.prompt_template!r}")
+        return [f"{p}: {where} renders the same prompt {texts[0][:120]!r} for the questions {PROBE_QUESTIONS[0]!r} "
+                f"and {PROBE_QUESTIONS[1]!r}: the question never reaches the model. Use a template that places "
+                "the question (a chat template must render the user message)."]
+    ids = policy.encode_prompts(texts)
+    if ids[0] == ids[1]:
+        tail = policy.tokenizer.decode(ids[0])
+        full = len(policy.tokenizer(texts[0], add_special_tokens=False)["input_ids"])
+        return [f"{p}: max_prompt_length={policy.max_prompt_length} cuts every prompt to its last "
+                f"{len(ids[0])} tokens, {tail!r}, which are the same for every question (a rendered question here "
+                f"is {full} tokens). Raise max_prompt_length above the template's own length."]
+    return []
+
+
+def note_prompt_lengths(policy, lengths: list[int]) -> None:
+    """Count the prompts longer than ``max_prompt_length`` (they are cut) and warn once per policy.
+
+    Counts only prompts sent to a built model (rollouts and evaluation), not the config
+    check's probe prompts.
+
+    Args:
+        policy: The policy encoding the prompts.
+        lengths: Token counts of the prompts before truncation.
+    """
+    if policy.model is None or not lengths:
+        return
+    over = [n for n in lengths if n > policy.max_prompt_length]
+    policy.prompts_truncated = getattr(policy, "prompts_truncated", 0) + len(over)
+    policy.last_prompts_truncated_share = len(over) / len(lengths)
+    if over and not getattr(policy, "_warned_prompt_truncation", False):
+        policy._warned_prompt_truncation = True
+        name = policy.policy_name
+        warnings.warn(f"policy {name!r}: a prompt of {max(over)} tokens is longer than max_prompt_length="
+                      f"{policy.max_prompt_length}; its ids are cut from the left (the start of the question is "
+                      f"lost). Counted in rollout/{name}/prompts_truncated_share; warned once. Raise "
+                      "max_prompt_length to keep whole prompts.", stacklevel=3)
+
+
+def template_errors(where: str, key: str, template: str, field: str) -> list[str]:
+    """Problems of a ``str.format`` template that must use exactly the field ``{field}``."""
+    try:
+        rendered = template.format(**{field: "\x00"})
+    except (KeyError, IndexError) as exc:
+        return [f"{where}: {key}={template!r} uses the unknown field {exc}; only {{{field}}} is available "
+                "(write literal braces as '{{' and '}}')."]
+    except ValueError as exc:
+        return [f"{where}: {key}={template!r} is not a valid template ({exc}); "
+                "write literal braces as '{{' and '}}'."]
+    if "\x00" not in rendered:
+        return [f"{where}: {key}={template!r} must contain '{{{field}}}'."]
+    return []
+
+
+def source_errors(policy) -> list[str]:
+    """Problems of ``policy``'s ``model`` / ``tokenizer`` sources: a local folder that does not exist, a hub id
+    unreachable offline, a tokenizer that fails :func:`tokenizer_errors` (which then loads it).
+
+    Returns:
+        Error messages naming the field, the value and the fix (empty when valid).
+    """
+    p = f"policy {policy.policy_name!r}"
+    errors: list[str] = []
+    if isinstance(policy.model_source, str) and looks_local(policy.model_source):
+        if not Path(policy.model_source).expanduser().is_dir():
+            errors.append(f"{p}: model={policy.model_source!r} is not an existing folder. Give a folder "
+                          "written by save_pretrained, a hub id, or a recipe (class_path).")
+    tok = policy.tokenizer_source
+    if tok is None and isinstance(policy.model_source, str):
+        tok = policy.model_source
+    elif isinstance(policy.model_source, str) and not looks_local(policy.model_source):
+        try:  # the tokenizer comes from elsewhere: the model's hub id is checked on its own
+            hub_load_kwargs(policy.model_source, "model", p)
+        except HubUnreachableError as exc:
+            errors.append(str(exc))
+    if isinstance(tok, str):
+        if looks_local(tok) and not Path(tok).expanduser().is_dir():
+            errors.append(f"{p}: tokenizer={tok!r} is not an existing folder. Give a folder written "
+                          "by save_pretrained or a hub id.")
+        else:
+            errors.extend(tokenizer_errors(policy, tok))
+    return errors
+
+
+def tokenizer_errors(policy, source: str) -> list[str]:
+    """Load ``policy``'s tokenizer from ``source`` and check it; on success it is set as ``policy.tokenizer``.
+
+    Checks: it loads (a hub id offline fails at once, :mod:`mrl_lightning.hub`), ``pad_token``
+    is in its vocabulary, it has an EOS and a pad token, its chat template when
+    ``chat_template`` (:func:`mrl_lightning.chat.chat_template_errors`), and that two unlike
+    questions give different prompt ids (:func:`prompt_collision_errors`).
+
+    Returns:
+        Error messages naming the field, the value and the fix (empty when valid).
+    """
+    from transformers import AutoTokenizer
+
+    p = f"policy {policy.policy_name!r}"
+    try:  # a hub id without network fails here at once (mrl_lightning.hub)
+        hub = hub_load_kwargs(source, "tokenizer" if policy.tokenizer_source else "model", p, "tokenizer_config.json")
+    except HubUnreachableError as exc:
+        return [str(exc)]
+    try:
+        tok = AutoTokenizer.from_pretrained(os.path.expanduser(source), **hub)
+    except Exception as exc:  # noqa: BLE001 - reported as a config error with its cause
+        return [f"{p}: tokenizer {source!r} could not be loaded ({type(exc).__name__}: {exc})."]
+    if policy.pad_token is not None:
+        tok.pad_token = policy.pad_token
+    if policy.pad_token is not None and policy.pad_token not in tok.get_vocab():
+        return [f"{p}: pad_token={policy.pad_token!r} is not in the vocabulary of tokenizer {source!r}; use a "
+                f"token it has, e.g. its EOS pad_token: {tok.eos_token!r}."]
+    if tok.eos_token_id is None:  # before the pad check, whose advice is the EOS text
+        return [f"{p}: tokenizer {source!r} has no EOS token (eos_token=None), so a completion could never "
+                "finish and the loss mask would have no end. Use a tokenizer that defines one, or add it: "
+                "tok.add_special_tokens({'eos_token': '</s>'}); tok.save_pretrained(<folder>) and point "
+                "tokenizer: at that folder (the model's vocabulary must hold the new id)."]
+    if tok.pad_token_id is None:
+        return [f"{p}: tokenizer {source!r} has no pad token. Set pad_token: '<its EOS text>' in this "
+                f"policy's config (here: pad_token: {tok.eos_token!r})."]
+    if policy.chat_template:
+        errors = chat_template_errors(p, tok)
+        if errors:
+            return errors
+    policy.tokenizer = tok
+    errors = prompt_collision_errors(policy)  # two questions, one prompt: template or truncation
+    if errors:
+        policy.tokenizer = None
+    return errors

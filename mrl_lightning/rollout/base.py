@@ -1,0 +1,90 @@
+"""What every rollout engine returns and the one call it answers (docs/rollout.md).
+
+Shapes: B prompts, G = ``num_generations``, N = B*G rows (prompt-major: row = b*G + g),
+P prompt length (left-padded), L completion length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class RolloutBatch:
+    """Sampled completions of one policy for one step.
+
+    Attributes:
+        prompt_ids: ``[N, P]`` int64, left-padded.
+        prompt_mask: ``[N, P]`` bool, True = real prompt token.
+        completion_ids: ``[N, L]`` int64, right-padded with the pad id.
+        completion_mask: ``[N, L]`` bool, True = counted (through the first EOS).
+        old_logprobs: ``[N, L]`` float32 nats under the sampling distribution (0 where masked).
+        finish_reasons: N strings, "eos" or "length".
+        completion_texts: N decoded texts (special tokens removed).
+        sampling_logprobs: ``[N, L]`` float32 nats when the sampler's log-probs must be
+            re-scored by the update (another engine, or mixed precision); None = the old
+            log-probs are the update's own.
+    """
+
+    prompt_ids: Tensor
+    prompt_mask: Tensor
+    completion_ids: Tensor
+    completion_mask: Tensor
+    old_logprobs: Tensor
+    finish_reasons: list[str]
+    completion_texts: list[str]
+    sampling_logprobs: Tensor | None = None
+
+    @property
+    def truncated(self) -> Tensor:
+        """``[N]`` bool, True where generation stopped at max length without EOS."""
+        return torch.tensor([r == "length" for r in self.finish_reasons], dtype=torch.bool)
+
+
+def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Left-pad token id lists.
+
+    Returns:
+        ``([N, P] int64 ids, [N, P] bool mask)``.
+    """
+    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.long)
+    width = int(lengths.max())
+    mask = torch.arange(width).unsqueeze(0) >= (width - lengths).unsqueeze(1)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    ids[mask] = torch.tensor([t for s in sequences for t in s], dtype=torch.long)  # row-major: each row's tail
+    return ids, mask
+
+
+class RolloutEngine(Protocol):
+    """A sampler of completions: the Hugging Face engine and the vLLM engine implement it.
+
+    ``generate`` samples ``num_generations`` completions per prompt with the policy's
+    settings only (temperature, top_p, top_k, length; nothing from the model's own
+    generation config) and returns a :class:`RolloutBatch` with per-token log-probs of the
+    tempered distribution. ``weights_version`` is the policy's count of optimizer steps
+    (:attr:`~mrl_lightning.policy.PolicyModule.optimizer_steps_taken`): an engine that
+    holds its own copy of the weights (vLLM) pushes new ones when it changed; one that
+    runs the model itself ignores it.
+    """
+
+    name: str
+
+    def generate(
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        prompt_ids: list[list[int]],
+        *,
+        num_generations: int,
+        max_completion_length: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        do_sample: bool = True,
+        policy_name: str | None = None,
+        weights_version: int = 0,
+    ) -> RolloutBatch: ...

@@ -1,0 +1,262 @@
+"""One policy's update on its composed batch: ``num_iterations`` optimizer steps (docs/grpo.md, docs/loop.md).
+
+:func:`policy_update` reads, in the order it runs:
+
+0. once per batch: the reference model's log-probs (``beta > 0``), and, for rollouts another
+   engine sampled (``sampling_logprobs`` set: vLLM, or mixed precision), the update's own
+   no-grad scores as old log-probs with the sampler mismatch corrected
+   (:func:`~mrl_lightning.rollout.sampler_correction.correct_sampler_mismatch`, docs/rollout.md);
+1. the GRPO loss forward and backward per micro-batch of ``micro_batch_size`` sequences,
+   each divided by the whole group's normalizers (``batch.group_counts``: sequences and
+   tokens over the policy's ranks), so any split and any number of ranks give one gradient;
+2. the group's gradient reduction (``reduce_gradients``: a sum over the policy's ranks);
+3. the probes' auxiliary terms, each backpropagated and reduced on its own, and each term's
+   share of the update bounded by its ``max_grad_share``, measured on the group-reduced
+   gradients, so k ranks bound what one rank on the whole batch would
+   (:mod:`mrl_lightning.objectives.aux_share`);
+4. the non-finite skip (NaN/inf gradient: no step, :func:`mrl_lightning.numerics.skip_nonfinite_update`);
+5. clipping to ``max_grad_norm``;
+6. the learning-rate warm-up and the optimizer step, counted on the policy
+   (:meth:`~mrl_lightning.policy.PolicyModule.note_optimizer_step`).
+
+Shapes: N sequences on this rank, L completion length.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from mrl_lightning.batch import TrainBatch
+from mrl_lightning.metrics import Max, Mean, Min, Sum
+from mrl_lightning.numerics import skip_nonfinite_update
+from mrl_lightning.objectives.aux_share import backward_aux_losses
+from mrl_lightning.objectives.grpo import group_advantages, grpo_loss, masked_mean
+from mrl_lightning.policy import PolicyModule
+from mrl_lightning.rollout.sampler_correction import correct_sampler_mismatch
+
+Reduce = Callable[[list[torch.nn.Parameter]], None]
+
+
+def loss_mask(policy: PolicyModule, rollouts) -> Tensor:
+    """``[N, L]`` bool: the completion tokens the GRPO loss counts (``mask_truncated_completions`` applied)."""
+    mask = rollouts.completion_mask.clone()
+    if policy.mask_truncated_completions:
+        mask &= ~rollouts.truncated.to(mask.device).unsqueeze(1)
+    return mask
+
+
+def loss_counts(policy: PolicyModule, rollouts) -> dict[str, float]:
+    """This rank's loss normalizers: ``sequences`` (N) and counted ``tokens``."""
+    return {"sequences": float(rollouts.completion_ids.shape[0]), "tokens": float(loss_mask(policy, rollouts).sum())}
+
+
+def warmup_learning_rate(policy: PolicyModule, optimizer) -> float:
+    """Set every param group's lr for the coming step of ``optimizer`` (``warmup_steps``); return it.
+
+    Step k (0-based: the optimizer's state holds k steps so far) uses
+    ``learning_rate * min(1, (k + 1) / warmup_steps)`` (TRL ``warmup_steps``, without its
+    decay). Without warm-up the lr is left as it is.
+    """
+    if not policy.warmup_steps:
+        return policy.learning_rate
+    taken = 0
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            step = optimizer.state.get(param, {}).get("step")
+            if step is not None:
+                taken = max(taken, int(step))
+    lr = policy.learning_rate * min(1.0, (taken + 1) / policy.warmup_steps)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
+def new_train_batch(policy: PolicyModule, scored, group_sum: Callable[[dict], dict] | None = None,
+                    group_size: int = 1) -> TrainBatch:
+    """The policy's batch before the probes: plain GRPO advantages and this rank's loss normalizers.
+
+    With ``scale_rewards: batch`` on a group of several ranks the std is the whole batch's,
+    from the group's pooled moments (n, sum, sum of squares; Bessel-corrected), so k ranks
+    scale as one rank on the whole batch (docs/grpo.md).
+
+    Args:
+        policy: The policy.
+        scored: Its :class:`~mrl_lightning.batch.ScoredRollouts` on this rank.
+        group_sum: Sums a dict of floats over the policy's ranks (:meth:`~mrl_lightning.mwra.Workers.group_sum`).
+        group_size: Ranks in the policy's group.
+    """
+    batch_std = None
+    if policy.scale_rewards == "batch" and group_size > 1 and group_sum is not None:
+        valid = scored.rewards[~torch.isnan(scored.rewards)].double()
+        moments = group_sum({"n": float(valid.numel()), "sum": float(valid.sum()), "sumsq": float(valid.pow(2).sum())})
+        n = max(moments["n"], 1.0)
+        var = max(moments["sumsq"] - moments["sum"] ** 2 / n, 0.0) / max(n - 1.0, 1.0)
+        batch_std = torch.tensor(var, dtype=scored.rewards.dtype).sqrt()
+    advantages = group_advantages(scored.rewards, policy.scale_rewards, batch_std=batch_std)
+    return TrainBatch(scored, advantages, counts=loss_counts(policy, scored.rollouts))
+
+
+def mark_for_rescoring(rollouts) -> None:
+    """Let the update re-score ``rollouts`` in its own precision (mixed precision runs).
+
+    Sampling runs the bare float32 model while the update runs under Fabric's autocast
+    (bf16 / fp16), so the two disagree by rounding and the first ratio is not 1. Marking
+    the sampler's log-probs as ``sampling_logprobs`` makes the update score the rollouts
+    once without gradient in its own precision, use those as the old log-probs, and
+    correct the sampler/trainer mismatch as for any other engine (docs/rollout.md,
+    ``rollout/<p>/is_ratio_*``, ``abs_delta_logp``). Rollouts another engine sampled are
+    marked already.
+    """
+    if rollouts.sampling_logprobs is None:
+        rollouts.sampling_logprobs = rollouts.old_logprobs.clone()
+
+
+def trainable(policy: PolicyModule) -> list[torch.nn.Parameter]:
+    """The policy's parameters that the optimizer steps."""
+    return [p for p in policy.model.parameters() if p.requires_grad]
+
+
+def _autocast(fabric):
+    return fabric.autocast() if hasattr(fabric, "autocast") else contextlib.nullcontext()
+
+
+def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimizer,
+                  reduce_gradients: Reduce | None = None) -> dict[str, float]:
+    """One policy's update on its composed batch, in the order of the module docstring.
+
+    Args:
+        policy: The policy.
+        batch: Its :class:`~mrl_lightning.batch.TrainBatch` (``group_counts`` set by the loop
+            on a data-parallel group; None = this rank is the whole group).
+        model: The Fabric-wrapped model (``fabric.setup``) to run forward passes with.
+        fabric: The Fabric instance (``backward``, ``clip_gradients``, ``autocast``).
+        optimizer: The policy's Fabric-wrapped optimizer.
+        reduce_gradients: Sums the ``.grad`` of the given parameters over the policy's group of
+            ranks, in place (after the GRPO backward, and after each auxiliary term's); None = one rank.
+
+    Returns:
+        Metrics of the last iteration under ``train/<p>/`` (loss, KL, clip ratios, entropy,
+        ratio range, grad norm, learning rate with warm-up), the auxiliary terms' (shares of
+        the update, their own metrics), ``train/<p>/nonfinite_updates_skipped`` and
+        ``train/<p>/aux_loss_time_s`` (seconds spent on the auxiliary terms: forward,
+        backward, reduction and bound), both summed over the iterations.
+
+    Raises:
+        NonFiniteError: too many non-finite updates in a row (:mod:`mrl_lightning.numerics`).
+        ValueError: an auxiliary term's ``max_grad_share`` is not in (0, 1).
+    """
+    r = batch.scored.rollouts
+    p = policy.policy_name
+    n_local = r.completion_ids.shape[0]
+    micro = policy.micro_batch_size or n_local
+    slices = [slice(i, i + micro) for i in range(0, n_local, micro)]
+
+    def logprobs(sl, module, entropy=False):
+        return policy.completion_logprobs(r.prompt_ids[sl], r.prompt_mask[sl], r.completion_ids[sl],
+                                          r.completion_mask[sl], model=module, with_entropy=entropy)
+
+    ref = None
+    if policy.beta > 0:  # the reference scores in the update's precision (autocast), like the policy
+        with torch.no_grad(), _autocast(fabric):
+            ref = torch.cat([logprobs(sl, policy.ref_model)[0] for sl in slices])
+    metrics: dict[str, float] = {}
+    sampler_weights = None
+    if r.sampling_logprobs is not None:  # another engine sampled (vLLM): docs/rollout.md
+        with torch.no_grad():  # the update's own forward (same precision context) gives the old log-probs
+            trainer_logp = torch.cat([logprobs(sl, model)[0] for sl in slices])
+        sampler_weights, sampler_metrics = correct_sampler_mismatch(policy, r, trainer_logp)
+        metrics.update(sampler_metrics)
+    reduce = reduce_gradients or (lambda params: None)
+    totals = batch.group_counts if batch.group_counts is not None else batch.counts
+    aux_key, skip_key = f"train/{p}/aux_loss_time_s", f"train/{p}/nonfinite_updates_skipped"
+    metrics[aux_key], metrics[skip_key] = 0.0, 0.0
+    for iteration in range(policy.num_iterations):
+        optimizer.zero_grad(set_to_none=True)
+        metrics.update(_grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_weights,
+                                      entropy=iteration == 0))
+        params = trainable(policy)
+        reduce(params)
+        if batch.aux_losses:
+            t0 = time.perf_counter()
+            metrics.update(backward_aux_losses(batch.aux_losses, policy, model, fabric.backward, params,
+                                               tag=lambda term: f"probe/{term}/{p}", totals=totals, reduce=reduce,
+                                               terms=batch.group_terms))
+            metrics[aux_key] += time.perf_counter() - t0
+        skipped = skip_nonfinite_update(policy, params)
+        metrics[skip_key] += float(skipped)
+        metrics[f"train/{p}/grad_norm"] = _clip_and_step(policy, params, model, fabric, optimizer, skipped, metrics)
+    return metrics
+
+
+def _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_weights, entropy: bool) -> dict:
+    """Step 1: the GRPO loss forward and backward per micro-batch; returns its metrics.
+
+    Loss parts are divided by the group's totals, so they sum to the group's loss
+    (:class:`~mrl_lightning.metrics.Sum`); the clip ratios, KL and entropy are means over
+    this rank's counted tokens (:class:`~mrl_lightning.metrics.Mean` weighted by them).
+    """
+    r, p = batch.scored.rollouts, policy.policy_name
+    advantages = batch.advantages.reshape(r.completion_ids.shape[0]).to(r.old_logprobs.device)
+    mask = loss_mask(policy, r)
+    group = batch.group_counts or loss_counts(policy, r)
+    n_seq, n_tokens = int(group["sequences"]), max(float(group["tokens"]), 1.0)
+    local_tokens = float(mask.sum().clamp(min=1))
+    sums = {"loss": 0.0, "kl": 0.0, "clip_low": 0.0, "clip_high": 0.0, "entropy": 0.0}
+    ratios: list[float] = []
+    for sl in slices:
+        logp, ent = logprobs(sl, model, entropy=entropy)
+        out = grpo_loss(
+            logp, r.old_logprobs[sl], advantages[sl], mask[sl], loss_type=policy.loss_type,
+            epsilon=policy.epsilon, epsilon_high=policy.epsilon_high, beta=policy.beta,
+            use_bias_correction_kl=policy.use_bias_correction_kl, kl_log_ratio_clamp=policy.kl_log_ratio_clamp,
+            ref_logp=None if ref is None else ref[sl], max_completion_length=policy.max_completion_length,
+            num_sequences=n_seq, num_tokens=n_tokens,
+            sampler_weights=None if sampler_weights is None else sampler_weights[sl],
+        )
+        fabric.backward(out.loss)
+        share = float(mask[sl].sum()) / local_tokens
+        sums["loss"] += float(out.loss.detach())
+        sums["clip_low"] += float(masked_mean(out.clipped_low.float(), mask[sl])) * share
+        sums["clip_high"] += float(masked_mean(out.clipped_high.float(), mask[sl])) * share
+        if out.kl is not None:
+            sums["kl"] += float(masked_mean(out.kl.detach(), mask[sl])) * share
+        if ent is not None:
+            sums["entropy"] += float(masked_mean(ent, mask[sl])) * share
+        if mask[sl].any():
+            counted = out.ratio.detach()[mask[sl]]
+            ratios += [float(counted.min()), float(counted.max())]
+    weight = float(mask.sum())
+    out_metrics = {
+        f"train/{p}/loss": Sum(sums["loss"]),
+        f"train/{p}/clip_ratio_low": Mean(sums["clip_low"], weight),
+        f"train/{p}/clip_ratio_high": Mean(sums["clip_high"], weight),
+        f"train/{p}/ratio_max": Max(max(ratios, default=1.0)), f"train/{p}/ratio_min": Min(min(ratios, default=1.0)),
+    }
+    if policy.beta > 0:
+        out_metrics[f"train/{p}/kl_nats"] = Mean(sums["kl"], weight)
+    if entropy:
+        out_metrics[f"train/{p}/entropy_nats"] = Mean(sums["entropy"], weight)
+    return out_metrics
+
+
+def _clip_and_step(policy, params, model, fabric, optimizer, skipped: bool, metrics: dict) -> float:
+    """Steps 5-6: clip (or measure) the gradient norm, warm the lr up and step, unless ``skipped``."""
+    if skipped:
+        optimizer.zero_grad(set_to_none=True)
+        return float("nan")
+    if policy.max_grad_norm is not None:
+        grad_norm = fabric.clip_gradients(model, optimizer, max_norm=policy.max_grad_norm)
+    else:
+        grads = [g.grad.detach().norm() for g in params if g.grad is not None]
+        grad_norm = torch.stack(grads).norm() if grads else torch.zeros(())
+    lr = warmup_learning_rate(policy, optimizer)
+    if policy.warmup_steps:
+        metrics[f"train/{policy.policy_name}/learning_rate"] = lr
+    optimizer.step()
+    policy.note_optimizer_step()  # an engine with its own weights (vLLM) pushes them before it samples again
+    return float(grad_norm)
