@@ -7,7 +7,9 @@ rendered prompt and maps j's sampling log-probs onto those tokens
 (:func:`mrl_lightning.thl.transfer_trace`). Then:
 
 1. Advantages over the pooled group own G + peer M (:func:`prp_pooled_advantages`, the
-   policy's ``scale_rewards``, eps 1e-4): the own part replaces ``batch.advantages``.
+   policy's ``scale_rewards``, eps 1e-4): the own part replaces ``batch.advantages``. A
+   prompt with no pooled peer gets plain GRPO advantages
+   (:func:`~mrl_lightning.objectives.grpo.group_advantages`), bit for bit.
 2. i's log-probs of the peer tokens before the update (``logp_recv``) are taken, detached,
    from the peer loss's own first forward pass (the weights have not moved yet then, so
    they equal a separate no-gradient pass bit for bit, at no extra forward); later inner
@@ -301,6 +303,11 @@ class PeerRolloutPooling(MRLCallback):
                                                   policy.scale_rewards, self.eps)
         new = batch.advantages.clone()
         new[kept] = own_adv.to(new.dtype)
+        # A prompt with no pooled peer: plain GRPO over the whole own batch, as the trainer computed it
+        # (with scale_rewards "batch" the std also counts the scored rewards of rows skipped for a NaN).
+        no_peer = rows & ~peer_mask.any(1)
+        plain = group_advantages(scored.rewards, policy.scale_rewards, self.eps)
+        new[no_peer] = plain[no_peer].to(new.dtype)
         batch.advantages = new
         full_peer_adv = torch.zeros_like(peer_r)
         full_peer_adv[kept] = peer_adv.to(peer_r.dtype)

@@ -13,6 +13,9 @@ Choices made here (the method leaves them open):
 
 - Per (prompt, peer) only the newest record within ``max_staleness`` rollout steps is
   used, so a prompt seen twice by one peer counts that peer's group once.
+- A prompt that appears in several rows of the receiver's batch (an epoch that wraps
+  inside one batch) gets the peers' statistics in every row; each row keeps its own
+  group's rewards for the own mean.
 - A prompt whose own group holds a NaN reward (a verifier that could not score) keeps the
   plain GRPO advantages the trainer computed, and is counted in ``nan_rows_skipped``.
 - Std is Bessel-corrected and ``eps`` defaults to 1e-4, as the trainer's GRPO
@@ -33,7 +36,8 @@ Logged under ``probe/xgrpo/<policy>/``: ``baseline_shift`` (mean over prompts of
 |b_i - mean R_i|, reward units), ``baseline_shift_max``, ``zero_var_groups`` (own groups
 with all rewards equal), ``zero_var_signal_share`` (share of those given a non-zero
 advantage; float rounding gives exactly 0, never a "signal"), ``prompts_with_peers``,
-``peer_groups`` (records used), ``nan_rows_skipped``.
+``peer_groups`` (records used, each once even when its prompt fills several rows),
+``nan_rows_skipped``.
 """
 
 from __future__ import annotations
@@ -188,5 +192,6 @@ class CrossPolicyAdvantage(MRLCallback):
         m = batch.metrics  # means over prompts, and over the zero-variance groups: weighted by their counts
         m[f"{tag}/baseline_shift"] = Mean(m[f"{tag}/baseline_shift"], own.shape[0])
         m[f"{tag}/zero_var_signal_share"] = Mean(m[f"{tag}/zero_var_signal_share"], m[f"{tag}/zero_var_groups"])
-        batch.metrics[f"{tag}/peer_groups"] = Sum(float((count > 0).sum()))
-        batch.metrics[f"{tag}/nan_rows_skipped"] = Sum(len(prompt_ids) - own.shape[0])
+        kept = set(kept_ids)  # a record shared by two copies of one prompt counts once
+        m[f"{tag}/peer_groups"] = Sum(sum(rec.prompt_id in kept for rec in records))
+        m[f"{tag}/nan_rows_skipped"] = Sum(len(prompt_ids) - own.shape[0])

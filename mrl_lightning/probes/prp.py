@@ -35,7 +35,7 @@ import math
 import torch
 from torch import Tensor
 
-from mrl_lightning.objectives.grpo import aggregate_loss
+from mrl_lightning.objectives.grpo import aggregate_loss, group_advantages
 
 IS_MODES = ("truncate", "clip", "none")
 IS_LEVELS = ("token", "sequence")
@@ -128,8 +128,16 @@ def prp_pooled_advantages(
 ) -> tuple[Tensor, Tensor]:
     """GRPO advantages over the pooled group own G + present peers (docs/probes.md, formulas docs/grpo.md).
 
-    Mean and Bessel-corrected std (as TRL) are taken per prompt over own and present peer
-    rewards; ``"batch"`` takes the std over every counted reward of the batch.
+    A prompt with at least one present peer: mean and Bessel-corrected std (as TRL) over its
+    own and present peer rewards; ``"batch"`` takes the std over every counted reward of the
+    pooled batch (own rewards of every row and every present peer reward). A pooled group
+    whose rewards are all equal gets exactly 0 (as plain GRPO, not the float rounding of
+    its mean divided by ``std + eps``).
+
+    A prompt with no present peer gets plain GRPO advantages,
+    :func:`~mrl_lightning.objectives.grpo.group_advantages` of ``own_rewards`` with the
+    same ``scale_rewards`` and ``eps``, bit for bit (for ``"batch"`` that is the std of the
+    own rewards alone, as the trainer's GRPO).
 
     Args:
         own_rewards: ``[B, G]`` float rewards of the receiver's completions.
@@ -139,7 +147,8 @@ def prp_pooled_advantages(
         eps: Added to the std (TRL's 1e-4).
 
     Returns:
-        ``(own_adv [B, G], peer_adv [B, M])``; ``peer_adv`` is 0 where ``peer_mask`` is False.
+        ``(own_adv [B, G], peer_adv [B, M])`` in ``own_rewards.dtype``; ``peer_adv`` is 0
+        where ``peer_mask`` is False.
 
     Raises:
         ValueError: shapes, non-bool mask, NaN/inf among counted rewards, unknown
@@ -170,18 +179,23 @@ def prp_pooled_advantages(
     cw = counted.to(rewards.dtype)
     n = cw.sum(1, keepdim=True)
     mean = (rewards * cw).sum(1, keepdim=True) / n
-    centered = (rewards - mean) * cw
+    big = torch.finfo(rewards.dtype).max
+    hi = torch.where(counted, rewards, torch.full_like(rewards, -big)).max(1, keepdim=True).values
+    lo = torch.where(counted, rewards, torch.full_like(rewards, big)).min(1, keepdim=True).values
+    centered = torch.where(counted & (hi != lo), rewards - mean, torch.zeros_like(rewards))
     if scale_rewards == "group":
         std = ((centered * centered).sum(1, keepdim=True) / (n - 1)).sqrt()
         adv = centered / (std + eps)
     elif scale_rewards == "batch":
-        std = rewards[counted].std()  # over every counted reward of the batch, as TRL
+        std = rewards[counted].std()  # over every counted reward of the pooled batch, as TRL
         adv = centered / (std + eps)
     else:
         adv = centered
     adv = torch.where(counted, adv, torch.zeros_like(adv))
     g = own_rewards.shape[1]
-    return adv[:, :g], adv[:, g:]
+    has_peer = mask.any(1, keepdim=True)
+    own_adv = torch.where(has_peer, adv[:, :g], group_advantages(own_rewards, scale_rewards, eps))
+    return own_adv, adv[:, g:]
 
 
 def prp_token_losses(

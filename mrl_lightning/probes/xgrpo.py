@@ -153,14 +153,26 @@ def peer_stats_from_records(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Pack ``GroupStatsRecord`` s into padded ``[B, K]`` (count, mean, std) for these prompts.
 
+    Row b holds every record of prompt ``prompt_ids[b]``; a prompt id that appears in several
+    rows (an epoch that wraps inside one batch) gets the same records in each of them.
     Records for prompts not in ``prompt_ids`` are ignored; K is the most records any prompt
     has (at least 1). Absent slots have count 0.
+
+    Args:
+        records: Peer group statistics (the caller picks which: staleness, one per peer).
+        prompt_ids: The B prompt ids of the batch's rows, in row order; repeats allowed.
+
+    Returns:
+        ``(count, mean, std)``, each ``[B, K]`` float64 (count in rewards, mean and std in
+        reward units), for :func:`peer_moments_from_stats`.
     """
-    index = {pid: b for b, pid in enumerate(prompt_ids)}
+    index: dict[str, list[int]] = {}
+    for b, pid in enumerate(prompt_ids):
+        index.setdefault(pid, []).append(b)
     rows: list[list[GroupStatsRecord]] = [[] for _ in prompt_ids]
     for rec in records:
-        if rec.prompt_id in index:
-            rows[index[rec.prompt_id]].append(rec)
+        for b in index.get(rec.prompt_id, ()):
+            rows[b].append(rec)
     k = max([1] + [len(r) for r in rows])
     count, mean, std = (torch.zeros(len(prompt_ids), k, dtype=torch.float64) for _ in range(3))
     for b, row in enumerate(rows):

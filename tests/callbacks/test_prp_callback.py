@@ -184,6 +184,46 @@ def test_pooled_advantages_replace_own_and_no_peers_leave_grpo(model_dirs):
     assert batch.metrics["thl/prp/a/num_sequences"] == 0.0
 
 
+def test_prompt_without_pooled_peer_keeps_exact_plain_grpo_advantages(model_dirs):
+    # The peer published prompt 0 only. Prompt 1's own group is eight 0.3s: plain GRPO gives it
+    # exactly 0 (its float32 mean is not 0.3, so a float-mean centering would give ~3e-4).
+    a = built("a", model_dirs["gpt2"], num_generations=8)
+    b = built("b", model_dirs["gpt2"], num_generations=3)
+    xs = items(2)
+    own_texts = [[" 1", " 2", " 13", " 6", " 7", " 8", " 9", " 10"], [" 3"] * 8]
+    own_r = [[1.0] + [0.0] * 7, [0.3] * 8]
+    scored = {"a": scored_from_texts(a, xs, own_texts, own_r),
+              "b": scored_from_texts(b, xs[:1], PEER_TEXTS[:1], PEER_R[:1])}
+    batch = compose(PeerRolloutPooling(max_peers_per_prompt=3), a, {"a": a, "b": b}, scored)
+    assert batch.metrics["probe/prp/a/prompts_with_peers"] == 1.0
+    assert torch.equal(batch.advantages[1], torch.zeros(8))
+    assert torch.equal(batch.advantages[1], group_advantages(scored["a"].rewards, "group")[1])
+    # Prompt 0 is pooled: [1, 0 x 7] + peer [1, 1, 0]: mean 3/11,
+    # Bessel var (3 * (8/11)^2 + 8 * (3/11)^2) / 10 = 12/55.
+    expected = torch.tensor([8 / 11] + [-3 / 11] * 7) / (math.sqrt(12 / 55) + EPS)
+    torch.testing.assert_close(batch.advantages[0], expected, rtol=0, atol=1e-6)
+
+
+def test_batch_scaled_prompt_without_peer_keeps_the_own_batch_std(model_dirs):
+    a = built("a", model_dirs["gpt2"], num_generations=3, scale_rewards="batch")
+    b = built("b", model_dirs["gpt2"], num_generations=3)
+    xs = items(2)
+    own_r = [[1.0, 0.0, 0.0], [1.0, 0.5, 0.0]]
+    scored = {"a": scored_from_texts(a, xs, OWN_TEXTS, own_r),
+              "b": scored_from_texts(b, xs[:1], PEER_TEXTS[:1], PEER_R[:1])}
+    batch = compose(PeerRolloutPooling(max_peers_per_prompt=3), a, {"a": a, "b": b}, scored)
+    # Prompt 1 has no peer: plain GRPO's batch std over the six own rewards (sum 2.5, sum of
+    # squares 2.25): var = (2.25 - 2.5^2 / 6) / 5; centered [0.5, 0, -0.5].
+    own_std = math.sqrt((2.25 - 2.5**2 / 6) / 5)
+    torch.testing.assert_close(batch.advantages[1], torch.tensor([0.5, 0.0, -0.5]) / (own_std + EPS),
+                               rtol=0, atol=1e-6)
+    assert torch.equal(batch.advantages[1], group_advantages(scored["a"].rewards, "batch")[1])
+    # Prompt 0 is pooled ([1, 0, 0] + peer [1, 1, 0], mean 0.5) and scaled by the pooled batch's
+    # std: the nine rewards [1, 0, 0, 1, 0.5, 0, 1, 1, 0] have mean 0.5, var 8 * 0.25 / 8 = 0.25.
+    torch.testing.assert_close(batch.advantages[0], torch.tensor([0.5, -0.5, -0.5]) / (0.5 + EPS),
+                               rtol=0, atol=1e-6)
+
+
 def test_at_most_m_peers_per_prompt_and_receivers_filter(model_dirs):
     a = built("a", model_dirs["gpt2"], num_generations=3)
     b = built("b", model_dirs["gpt2"], num_generations=3)

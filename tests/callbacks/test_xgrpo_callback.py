@@ -24,8 +24,9 @@ def stats(prompt_id: str, source: str, step: int, rewards: list[float]) -> Group
                             int((r >= 1).sum()))
 
 
-def run(probe, own_rewards, records, step: int = 3, policy_name: str = "a"):
-    """Compose one batch for ``policy_name`` with ``probe`` over an exchange holding ``records``."""
+def run(probe, own_rewards, records, step: int = 3, policy_name: str = "a", prompt_ids=None):
+    """Compose one batch for ``policy_name`` with ``probe`` over an exchange holding ``records``
+    (rows are ``prompt_ids``, default the first B of ``PROMPTS``)."""
     exchange = ExperienceExchange()
     exchange.publish(records)
     see = SharedExperienceExchange()
@@ -35,7 +36,7 @@ def run(probe, own_rewards, records, step: int = 3, policy_name: str = "a"):
     system = SimpleNamespace(policies=policies)
     assert probe.config_errors(trainer, system) == []
     rewards = torch.tensor(own_rewards)
-    items = [SimpleNamespace(prompt_id=pid) for pid in PROMPTS[: rewards.shape[0]]]
+    items = [SimpleNamespace(prompt_id=pid) for pid in (prompt_ids or PROMPTS[: rewards.shape[0]])]
     batch = TrainBatch(SimpleNamespace(rewards=rewards, items=items), group_advantages(rewards, "group"))
     probe.on_compose_batch(trainer, system, policies[policy_name], batch)
     return batch
@@ -69,6 +70,28 @@ def test_all_fail_group_gets_negative_and_all_succeed_group_positive_advantages_
     assert m["probe/xgrpo/a/zero_var_signal_share"] == 1.0
     assert m["probe/xgrpo/a/prompts_with_peers"] == 2.0
     assert m["probe/xgrpo/a/peer_groups"] == 2.0
+
+
+def test_prompt_repeated_in_one_batch_gets_peer_baseline_on_every_copy():
+    # The epoch wraps inside the batch: add/0 is rows 0 and 2 (own groups differ), add/1 row 1.
+    own = [[0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]]
+    batch = run(CrossPolicyAdvantage(alpha=0.5, scale_source="union"), own, RECORDS,
+                prompt_ids=["add/0", "add/1", "add/0"])
+    # Row 0 (add/0, all fail) + peer b [1, 1, 0, 0]: as in the first test, b = 0.125,
+    # s = sqrt(1.5 / 7): A = -0.125 / (s + eps) = -0.2700 (plain GRPO would give 0).
+    a0 = -0.125 / (math.sqrt(1.5 / 7) + EPS)
+    # Row 1 (add/1, all succeed) + peer b all fail: b = 0.75, s = sqrt(2 / 7).
+    a1 = 0.25 / (math.sqrt(2 / 7) + EPS)
+    # Row 2 (add/0 again) own [1, 0, 0, 0] + peer b [1, 1, 0, 0]: union mean 3/8,
+    # Bessel var (3 * (5/8)^2 + 5 * (3/8)^2) / 7 = 15 / 56; b = 0.5 * 0.25 + 0.5 * 0.375 = 0.3125.
+    s2 = math.sqrt(15 / 56)
+    a2 = [(1.0 - 0.3125) / (s2 + EPS)] + [-0.3125 / (s2 + EPS)] * 3
+    expected = torch.tensor([[a0] * 4, [a1] * 4, a2])
+    torch.testing.assert_close(batch.advantages, expected, rtol=0, atol=1e-6)
+    m = batch.metrics
+    assert m["probe/xgrpo/a/prompts_with_peers"] == 3.0  # rows (prompt copies) with peer data
+    assert m["probe/xgrpo/a/peer_groups"] == 2.0  # b's add/0 and add/1 records, each counted once
+    assert m["probe/xgrpo/a/zero_var_signal_share"] == 1.0
 
 
 def test_staleness_window_admits_older_peer_groups_newest_per_peer():

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from mrl_lightning.objectives.grpo import group_advantages
 from mrl_lightning.probes.prp import (
     aggregate_token_losses,
     prp_importance_weights,
@@ -50,6 +51,58 @@ def test_pooled_advantages_scale_none_and_batch():
     # Bessel var = (3 * (4/7)^2 + 4 * (3/7)^2) / 6 = (48/49 + 36/49) / 6 = 2/7.
     own_b, _ = prp_pooled_advantages(OWN, PEER, PEER_MASK, scale_rewards="batch")
     torch.testing.assert_close(own_b, own_adv / (math.sqrt(2 / 7) + EPS))
+
+
+# Three prompts, G = 8, one peer rollout on prompt 2 only. Row 0: eight equal non-binary rewards
+# (their float32 mean is not 0.3 itself); row 1: mixed rewards; row 2: one success.
+OWN8 = torch.tensor([[0.3] * 8, [0.1, 0.3, 0.7, 0.1, 0.1, 0.3, 0.7, 0.1], [1.0] + [0.0] * 7])
+PEER8 = torch.tensor([[0.0], [0.0], [1.0]])
+PEER8_MASK = torch.tensor([[False], [False], [True]])
+
+
+@pytest.mark.parametrize("scale_rewards", ["group", "none"])
+def test_prompt_without_peers_keeps_plain_grpo_advantages_bit_for_bit(scale_rewards):
+    own_adv, peer_adv = prp_pooled_advantages(OWN8, PEER8, PEER8_MASK, scale_rewards=scale_rewards)
+    # Row 0: r - mean is 0 for equal rewards, so plain GRPO gives exactly 0 (the float32 mean of
+    # eight 0.3s divided by eps would give ~3e-4).
+    assert torch.equal(own_adv[0], torch.zeros(8))
+    # Row 1: mean 0.3, centered [-0.2, 0, 0.4, -0.2] twice, Bessel var 8 * 0.06 / 7, and the
+    # trainer's group_advantages to the last bit.
+    std = math.sqrt(8 * 0.06 / 7) if scale_rewards == "group" else 0.0
+    div = std + EPS if scale_rewards == "group" else 1.0
+    hand = torch.tensor([-0.2, 0.0, 0.4, -0.2] * 2) / div
+    torch.testing.assert_close(own_adv[1], hand, rtol=0, atol=1e-5)
+    assert torch.equal(own_adv[:2], group_advantages(OWN8, scale_rewards)[:2])
+    # Row 2 is pooled: [1, 0 x 7, 1]: mean 2/9, Bessel var (2 * (7/9)^2 + 7 * (2/9)^2) / 8 = 7/36.
+    div = math.sqrt(7 / 36) + EPS if scale_rewards == "group" else 1.0
+    torch.testing.assert_close(own_adv[2], torch.tensor([7 / 9] + [-2 / 9] * 7) / div, rtol=0, atol=1e-6)
+    torch.testing.assert_close(peer_adv[2], torch.tensor([7 / 9 / div]), rtol=0, atol=1e-6)
+    assert torch.equal(peer_adv[:2], torch.zeros(2, 1))
+
+
+def test_batch_scale_keeps_the_own_batch_std_for_prompts_without_peers():
+    own_adv, _ = prp_pooled_advantages(OWN8, PEER8, PEER8_MASK, scale_rewards="batch")
+    # Plain GRPO's batch std, over the 24 own rewards: sum 2.4 + 2.4 + 1 = 5.8,
+    # sum of squares 0.72 + 1.2 + 1 = 2.92, var = (2.92 - 5.8^2 / 24) / 23.
+    own_std = math.sqrt((2.92 - 5.8**2 / 24) / 23)
+    hand = torch.tensor([-0.2, 0.0, 0.4, -0.2] * 2) / (own_std + EPS)
+    assert torch.equal(own_adv[0], torch.zeros(8))
+    torch.testing.assert_close(own_adv[1], hand, rtol=0, atol=1e-5)
+    assert torch.equal(own_adv[:2], group_advantages(OWN8, "batch")[:2])
+    # The pooled prompt takes the std of the pooled batch, the 24 own rewards and the peer's 1:
+    # sum 6.8, sum of squares 3.92, var = (3.92 - 6.8^2 / 25) / 24.
+    pooled_std = math.sqrt((3.92 - 6.8**2 / 25) / 24)
+    # Row 2 centered by its pooled mean 2/9.
+    torch.testing.assert_close(own_adv[2], torch.tensor([7 / 9] + [-2 / 9] * 7) / (pooled_std + EPS),
+                               rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("scale_rewards", ["group", "batch", "none"])
+def test_pooled_group_of_equal_rewards_gets_exactly_zero(scale_rewards):
+    # Eight own 0.3s and a peer's 0.3: nine equal rewards, r - mean = 0 for each (docs/grpo.md).
+    own_adv, peer_adv = prp_pooled_advantages(torch.full((1, 8), 0.3), torch.tensor([[0.3]]),
+                                              scale_rewards=scale_rewards)
+    assert torch.equal(own_adv, torch.zeros(1, 8)) and torch.equal(peer_adv, torch.zeros(1, 1))
 
 
 def test_truncated_importance_weights_by_hand():

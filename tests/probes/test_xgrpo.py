@@ -139,6 +139,24 @@ def test_group_stats_records_give_the_same_advantages_as_raw_rewards():
     torch.testing.assert_close(from_stats, from_raw, rtol=0, atol=1e-6)
 
 
+def test_prompt_twice_in_one_batch_gets_peer_stats_on_every_copy():
+    # An epoch that wraps inside a batch puts p0 in rows 0 and 2. Both copies are the same
+    # prompt, so both must see peer b's group (n 4, mean 0.5, std of [1, 1, 0, 0]).
+    records = [GroupStatsRecord("p0", "b", 3, 4, 0.5, math.sqrt(1 / 3), 2),
+               GroupStatsRecord("p1", "b", 3, 2, 1.0, 0.0, 2)]
+    count, mean, std = peer_stats_from_records(records, ["p0", "p1", "p0"])
+    assert count.tolist() == [[4.0], [2.0], [4.0]]
+    assert mean.tolist() == [[0.5], [1.0], [0.5]]
+    own = torch.tensor([[0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
+    adv = xgrpo_advantages_from_stats(own, count, mean, std, alpha=0.5)
+    # Rows 0 and 2, all fail: union [0, 0, 0, 0, 1, 1, 0, 0], mean 0.25,
+    # Bessel var (2 * 0.75^2 + 6 * 0.25^2) / 7 = 1.5 / 7; b = 0.5 * 0 + 0.5 * 0.25 = 0.125.
+    a0 = -0.125 / (math.sqrt(1.5 / 7) + EPS)
+    assert a0 == pytest.approx(-0.2700, abs=1e-4)
+    torch.testing.assert_close(adv[0], torch.full((4,), a0), rtol=0, atol=1e-6)
+    torch.testing.assert_close(adv[2], torch.full((4,), a0), rtol=0, atol=1e-6)
+
+
 def test_metrics_report_baseline_shift_and_rescued_zero_variance_share():
     own = torch.tensor([[0.0, 0.0], [0.0, 0.0], [1.0, 0.0]])
     peers = [torch.ones(2), torch.empty(0), torch.tensor([1.0])]
