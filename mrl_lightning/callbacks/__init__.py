@@ -16,8 +16,10 @@ Probes compose: a run may list several (e.g. ``SharedExperienceExchange`` then
   ``"exchange"`` service the probes declare in ``requires`` (read as ``ctx.exchange``;
   checked before any model is built, :func:`~mrl_lightning.callbacks.base.service_errors`).
 
-So XGRPO + SGT gives XGRPO's advantages on own samples plus SGT's transfer term, in
-either order; PRP + SGT gives PRP's pooled advantages, its peer term and SGT's term.
+So XGRPO + SGT (``transfer_mode: nll``) gives XGRPO's advantages on own samples plus SGT's
+transfer term, in either order; PRP + SGT gives PRP's pooled advantages, its peer term and
+SGT's term. SGT's ``transfer_mode: group`` rewrites the rescued prompts' advantages too, so
+beside XGRPO or PRP for the same receivers it is refused at set-up.
 """
 
 from mrl_lightning.callbacks.base import MRLCallback

@@ -185,10 +185,28 @@ class SuccessGatedTransfer(MRLCallback):
     requires = ("exchange",)
 
     def config_errors(self, ctx, system) -> list[str]:
-        """Policy names in ``lambda_per_policy`` / ``receivers`` that are not in ``model.policies``."""
+        """Unknown policy names, and ``transfer_mode: group`` beside a probe that replaces advantages.
+
+        In group mode the rescued prompts' own advantages are those of the group own + demos,
+        and the demos count in the loss normalizers; a probe with ``replaces_advantages``
+        (XGRPO, PRP) for the same receivers would overwrite them (listed after SGT) or be
+        overwritten (listed before), so the pair is refused; ``transfer_mode: nll`` only adds a
+        loss term and composes with either, in any order.
+        """
         names = list(system.policies)
-        return [f"SuccessGatedTransfer names policy {name!r}, which is not in model.policies {names}."
-                for name in list(self.lambda_per_policy) + list(self.receivers or []) if name not in names]
+        errors = [f"SuccessGatedTransfer names policy {name!r}, which is not in model.policies {names}."
+                  for name in list(self.lambda_per_policy) + list(self.receivers or []) if name not in names]
+        if self.transfer_mode == "group":
+            mine = set(self.receivers if self.receivers is not None else names)
+            for cb in getattr(ctx, "callbacks", []):
+                theirs = getattr(cb, "receivers", None)
+                if getattr(cb, "replaces_advantages", False) and mine & set(theirs if theirs is not None else names):
+                    errors.append(f"SuccessGatedTransfer.transfer_mode='group' rewrites the rescued prompts' own "
+                                  f"advantages (a group of own samples + demos) and {type(cb).__name__} replaces "
+                                  "the own advantages too, for the same receivers: whichever is later in "
+                                  "trainer.callbacks would win while the demos stay in the loss normalizers. Use "
+                                  "transfer_mode: nll with it, or give the two probes different receivers.")
+        return errors
 
     def on_compose_batch(self, ctx, system, policy, batch) -> None:
         name = policy.policy_name

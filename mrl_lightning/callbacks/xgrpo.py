@@ -30,7 +30,8 @@ Composition (see :mod:`mrl_lightning.callbacks`): probes run in callback-list or
 XGRPO *replaces* the receiver's own-sample advantages, computed from rewards (it does not
 read the incoming ``batch.advantages``); PRP (:mod:`.prp`) does the same, so when both are
 on, the one later in the list decides the own-sample advantages (PRP's peer loss stays
-either way). SGT only appends a loss term and composes with XGRPO in any order.
+either way). SGT (``transfer_mode: nll``) only appends a loss term and composes with XGRPO in
+any order; ``transfer_mode: group`` beside XGRPO is refused (:class:`~mrl_lightning.callbacks.SuccessGatedTransfer`).
 
 Logged under ``probe/xgrpo/<policy>/``: ``baseline_shift`` (mean over prompts of
 |b_i - mean R_i|, reward units), ``baseline_shift_max``, ``zero_var_groups`` (own groups

@@ -131,3 +131,24 @@ def test_probe_snippet_parses_through_the_cli_on_the_default_config(snippet, pro
     assert [c["class_path"].rsplit(".", 1)[1] for c in callbacks] == ["SharedExperienceExchange", probe]
     # The default config lists SGT at the same index; no SGT option may leak into the probe.
     assert callbacks[1]["init_args"].get("lambda_per_policy") is None
+
+
+@pytest.mark.parametrize("other", [CrossPolicyAdvantage, PeerRolloutPooling])
+@pytest.mark.parametrize("sgt_first", [True, False])
+def test_sgt_group_mode_beside_an_advantage_probe_is_refused_in_either_order(other, sgt_first):
+    """Group mode rewrites the rescued rows' advantages: with XGRPO/PRP one of the two would be
+    overwritten while the demos still counted in the normalizers, whichever order."""
+    sgt = SuccessGatedTransfer(transfer_mode="group")
+    probe = other()
+    listed = [SharedExperienceExchange(), sgt, probe] if sgt_first else [SharedExperienceExchange(), probe, sgt]
+    system = SimpleNamespace(policies={"a": SimpleNamespace(scale_rewards="group"),
+                                       "b": SimpleNamespace(scale_rewards="group")})
+    errors = sgt.config_errors(SimpleNamespace(callbacks=listed, placement=None), system)
+    assert len(errors) == 1 and "transfer_mode='group'" in errors[0] and other.__name__ in errors[0]
+    assert "transfer_mode: nll" in errors[0]
+    # nll mode only adds a loss term, and disjoint receivers never meet: both are fine
+    nll = SuccessGatedTransfer(transfer_mode="nll")
+    assert nll.config_errors(SimpleNamespace(callbacks=[listed[0], nll, probe], placement=None), system) == []
+    apart = SuccessGatedTransfer(transfer_mode="group", receivers=["a"])
+    probe_b = other(receivers=["b"])
+    assert apart.config_errors(SimpleNamespace(callbacks=[listed[0], apart, probe_b], placement=None), system) == []
