@@ -15,6 +15,10 @@ plain ``float``    mean                                       mean
 :class:`Min`       min                                        mean
 :class:`Moments`   recomputed from pooled n, sum, sum of      mean
                    squares (a std, Bessel-corrected)
+:class:`Ratio`     pooled numerator over pooled denominator   mean
+                   (a share of counts, e.g. boundary agreement)
+:class:`ESS`       recomputed from the pooled weights (an     mean
+                   effective sample share)
 :class:`Global`    the first rank's (the same on every rank:  the last step's
                    run-wide counters, what SEE holds)
 =================  =========================================  ===================================
@@ -23,7 +27,10 @@ A tag reported by one rank only is taken as it is. Every kind is a ``float`` sub
 a value reads, compares and logs as the number it is; the kind travels with it through
 ``torch.distributed``'s object collectives (pickling keeps the subclass and its fields).
 Formulas: weighted mean ``sum(w_r x_r) / sum(w_r)``; pooled std
-``sqrt((S2 - S1^2 / n) / (n - 1))`` over the ranks' ``n``, ``S1 = sum x``, ``S2 = sum x^2``.
+``sqrt((S2 - S1^2 / n) / (n - 1))`` over the ranks' ``n``, ``S1 = sum x``, ``S2 = sum x^2``;
+ratio ``sum(num_r) / sum(den_r)``; effective sample share ``(sum w)^2 / (n sum w^2)`` of
+importance weights ``w = exp(log w)``, pooled from each rank's ``(n, m, sum e^(lw-m),
+sum e^(2(lw-m)))`` with ``m`` its largest log-weight (scale-free, so no overflow).
 """
 
 from __future__ import annotations
@@ -90,6 +97,56 @@ class Moments(float):
         return cls(_pooled_std(n, s1, s2) if std is None else std, n, s1, s2)
 
 
+class Ratio(float):
+    """A share of two counts, ``num / den``; over ranks the pooled ``sum num / sum den``.
+
+    Args:
+        num: This rank's numerator.
+        den: This rank's denominator (> 0 for the value to be defined).
+        empty: The value when the pooled denominator is 0.
+    """
+
+    def __new__(cls, num: float, den: float = 1.0, empty: float = 0.0) -> Ratio:  # den 1: unpickling gives the value
+        obj = super().__new__(cls, num / den if den else empty)
+        obj.num, obj.den, obj.empty = float(num), float(den), float(empty)
+        return obj
+
+
+class ESS(float):
+    """Effective sample share of importance weights, ``(sum w)^2 / (n sum w^2)`` in (0, 1].
+
+    Build it with :meth:`of`; it carries ``n``, ``m`` (the largest log-weight) and the sums of
+    ``exp(lw - m)`` and ``exp(2 (lw - m))`` so that ranks pool exactly.
+    """
+
+    def __new__(cls, value: float, n: float = 0.0, m: float = 0.0, s1: float = 0.0, s2: float = 0.0) -> ESS:
+        obj = super().__new__(cls, value)
+        obj.n, obj.m, obj.s1, obj.s2 = float(n), float(m), float(s1), float(s2)
+        return obj
+
+    @classmethod
+    def of(cls, log_weights, value: float | None = None) -> ESS:
+        """From a 1-D tensor of log-weights; ``value`` overrides the reported number (bit-equality)."""
+        n = int(log_weights.numel())
+        if n == 0:
+            return cls(0.0)
+        m = float(log_weights.max())
+        w = (log_weights - m).exp()
+        s1, s2 = float(w.sum()), float((w * w).sum())
+        return cls(s1 * s1 / (s2 * n) if value is None else value, n, m, s1, s2)
+
+
+def _pooled_ess(values: list) -> ESS:
+    parts = [v for v in values if getattr(v, "n", 0.0) > 0]
+    if not parts:
+        return ESS(0.0)
+    top = max(v.m for v in parts)
+    s1 = sum(v.s1 * math.exp(v.m - top) for v in parts)
+    s2 = sum(v.s2 * math.exp(2.0 * (v.m - top)) for v in parts)
+    n = sum(v.n for v in parts)
+    return ESS(s1 * s1 / (s2 * n), n, top, s1, s2)
+
+
 def _pooled_std(n: float, s1: float, s2: float) -> float:
     if n < 2:
         return 0.0
@@ -112,6 +169,12 @@ def _combine(values: list[float]) -> float:
         if total <= 0:
             return Mean(sum(values) / len(values), 0.0)
         return Mean(sum(w * v for w, v in zip(weights, values) if w > 0) / total, total)
+    if isinstance(first, Ratio):
+        num = sum(getattr(v, "num", 0.0) for v in values)
+        den = sum(getattr(v, "den", 0.0) for v in values)
+        return Ratio(num, den, getattr(first, "empty", 0.0))
+    if isinstance(first, ESS):
+        return _pooled_ess(values)
     if isinstance(first, Moments):
         n = sum(getattr(v, "n", 0.0) for v in values)
         s1 = sum(getattr(v, "total", 0.0) for v in values)

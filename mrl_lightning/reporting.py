@@ -14,7 +14,8 @@ from typing import Callable
 
 import torch
 
-from mrl_lightning.mwra.rng import sampling_rng
+from mrl_lightning.metrics import Mean, Moments
+from mrl_lightning.mwra.rng import sampling_rng, stream_seed
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -46,28 +47,35 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def rollout_metrics(scored, policy) -> dict[str, float]:
-    """Scalars describing one policy's scored rollouts."""
+    """Scalars describing one policy's scored rollouts on this rank.
+
+    Each says how it pools over the policy's ranks (:mod:`mrl_lightning.metrics`): rates are
+    means weighted by their completions (or prompts), the reward std is recomputed from the
+    pooled moments, so a group of ranks logs what one rank on the whole batch would.
+    """
     p = scored.policy
     rewards = scored.rewards
     valid = rewards[~torch.isnan(rewards)]
     r = scored.rollouts
+    n, b = float(rewards.numel()), float(rewards.shape[0])
+    spread = rewards.nan_to_num(-1.0).max(1).values - rewards.nan_to_num(-1.0).min(1).values
     out = {
-        f"rollout/{p}/reward_mean": float(valid.mean()) if valid.numel() else float("nan"),
-        f"rollout/{p}/reward_std": float(valid.std()) if valid.numel() > 1 else 0.0,
-        f"rollout/{p}/success_rate": float(scored.success.float().mean()),
-        f"rollout/{p}/zero_std_group_share": float(
-            ((rewards.nan_to_num(-1.0).max(1).values - rewards.nan_to_num(-1.0).min(1).values) == 0).float().mean()
-        ),
-        f"rollout/{p}/completion_length_tokens": float(r.completion_mask.sum(1).float().mean()),
-        f"rollout/{p}/truncated_share": float(r.truncated.float().mean()),
-        f"rollout/{p}/nan_reward_share": float(torch.isnan(rewards).float().mean()),
-        f"rollout/{p}/prompts_truncated_share": float(getattr(policy, "last_prompts_truncated_share", 0.0)),
+        f"rollout/{p}/reward_mean": Mean(float(valid.mean()) if valid.numel() else float("nan"), valid.numel()),
+        f"rollout/{p}/reward_std": Moments.of(valid.double().tolist(),
+                                              std=float(valid.std()) if valid.numel() > 1 else 0.0),
+        f"rollout/{p}/success_rate": Mean(float(scored.success.float().mean()), n),
+        f"rollout/{p}/zero_std_group_share": Mean(float((spread == 0).float().mean()), b),
+        f"rollout/{p}/completion_length_tokens": Mean(float(r.completion_mask.sum(1).float().mean()), n),
+        f"rollout/{p}/truncated_share": Mean(float(r.truncated.float().mean()), n),
+        f"rollout/{p}/nan_reward_share": Mean(float(torch.isnan(rewards).float().mean()), n),
+        f"rollout/{p}/prompts_truncated_share": Mean(float(getattr(policy, "last_prompts_truncated_share", 0.0)), b),
     }
     parts: dict[str, list[int]] = {}
-    for b, item in enumerate(scored.items):
-        parts.setdefault(item.part, []).append(b)
+    for row, item in enumerate(scored.items):
+        parts.setdefault(item.part, []).append(row)
     for part, rows in parts.items():
-        out[f"rollout/{p}/success_rate_{part}"] = float(scored.success[rows].float().mean())
+        out[f"rollout/{p}/success_rate_{part}"] = Mean(float(scored.success[rows].float().mean()),
+                                                       len(rows) * scored.num_generations)
     return out
 
 
@@ -77,8 +85,8 @@ def eval_counts(
     policies: list[str],
     num_samples: int,
     eval_num_generations: int,
-    seed_for_part: Callable[[str, str], int],
-    shard: Callable[[str, list], list] = lambda name, items: items,
+    seed_for_part: Callable[..., int],
+    shard_indices: Callable[[str, int], list[int]] = lambda name, n: list(range(n)),
     with_samples: Callable[[str], bool] = lambda name: True,
 ) -> tuple[dict, dict[str, str]]:
     """Successes on held-out prompts of the given policies, as sums and counts.
@@ -89,8 +97,10 @@ def eval_counts(
         policies: Policies to evaluate (this rank's).
         num_samples: Greedy completions per policy kept as a text table.
         eval_num_generations: k sampled completions per prompt (0 = greedy only).
-        seed_for_part: ``(policy, part) -> seed`` of the sampled evaluation's own stream.
-        shard: ``(policy, items) -> this rank's share`` (data-parallel evaluation).
+        seed_for_part: ``(policy, part) -> seed`` of the sampled evaluation's stream, and
+            ``(policy, part, i) -> seed`` of the part's i-th prompt (its completions' own seed).
+        shard_indices: ``(policy, n) -> the positions of this rank's share`` of a part's n prompts
+            (data-parallel evaluation).
         with_samples: Whether this rank writes the text table of a policy.
 
     Returns:
@@ -106,14 +116,16 @@ def eval_counts(
         rows = ["| part | prompt | completion | correct |", "|---|---|---|---|"]
         greedy, sampled, per_prompt = {}, {}, {}
         for part, items in eval_items.items():
-            mine = shard(name, items)
+            positions = shard_indices(name, len(items))
+            mine = [items[i] for i in positions]
             if not mine:
                 continue
             rate, texts = system.greedy_success(policy, mine)
             greedy[part] = (rate * len(mine), len(mine))
-            if eval_num_generations > 0:  # the stream of MutualRL.sampled_success: same numbers
+            if eval_num_generations > 0:  # each prompt from its own seed: the rank that evaluates it does not matter
+                seeds = [seed_for_part(name, part, i) for i in positions]
                 with sampling_rng(seed_for_part(name, part)):
-                    hits = system.rollout_n(policy, mine, eval_num_generations).sum(dim=1).tolist()
+                    hits = system.rollout_n(policy, mine, eval_num_generations, prompt_seeds=seeds).sum(dim=1).tolist()
                 sampled[part] = (float(sum(hits)), len(mine) * eval_num_generations)
                 per_prompt[part] = ([int(h) for h in hits], eval_num_generations)
             if with_samples(name):
@@ -192,12 +204,12 @@ def eval_metrics(
 ) -> tuple[dict[str, float], dict[str, str]]:
     """Evaluate every policy in this process (one rank; see :func:`eval_counts`)."""
     counts, samples = eval_counts(system, eval_items, list(system.policies), num_samples, eval_num_generations,
-                                  lambda name, part: seed)
+                                  lambda name, part, *position: stream_seed(seed, name, "eval", part, *position))
     return eval_metrics_from_counts(system, counts), samples
 
 
 def evaluate_on_workers(system, eval_items: dict[str, list], workers, num_samples: int, eval_num_generations: int,
-                        seed_for_part: Callable[[str, str], int]) -> tuple[dict[str, float], list[tuple[str, str]]]:
+                        seed_for_part: Callable[..., int]) -> tuple[dict[str, float], list[tuple[str, str]]]:
     """Evaluate this rank's policies on its shard of the held-out prompts, merged over every rank.
 
     Args:
@@ -206,14 +218,15 @@ def evaluate_on_workers(system, eval_items: dict[str, list], workers, num_sample
         workers: This rank's :class:`~mrl_lightning.mwra.Workers` (its policies, shards, the gather).
         num_samples: Greedy completions per policy kept as a text table (by the group's leader).
         eval_num_generations: k sampled completions per prompt (0 = greedy only).
-        seed_for_part: ``(policy, part) -> seed`` of the sampled evaluation's own stream.
+        seed_for_part: ``(policy, part[, i]) -> seed`` (:func:`eval_counts`).
 
     Returns:
         The scalars of :func:`eval_metrics_from_counts` (the same on every rank), and
         ``(policy, markdown table)`` of every rank's text samples, in rank order.
     """
     counts, samples = eval_counts(system, eval_items, workers.local_policies, num_samples, eval_num_generations,
-                                  seed_for_part, shard=workers.shard, with_samples=workers.is_leader)
+                                  seed_for_part, shard_indices=workers.shard_indices,
+                                  with_samples=workers.is_leader)
     gathered = workers.all_gather((counts, samples), "eval")
     metrics = eval_metrics_from_counts(system, merge_eval_counts([c for c, _ in gathered]))
     return metrics, [(name, text) for _, rank_samples in gathered for name, text in rank_samples.items()]

@@ -111,7 +111,8 @@ class MutualRL(pl.LightningModule):
         return per_func, combine_rewards(per_func, self.reward_weights), success
 
     @torch.no_grad()
-    def rollout(self, policy: PolicyModule, items: list, seed: int | None = None) -> ScoredRollouts:
+    def rollout(self, policy: PolicyModule, items: list, seed: int | None = None,
+                prompt_seeds: list[int] | None = None) -> ScoredRollouts:
         """One policy's rollouts (docs/loop.md steps 2-3): render, sample G each, verify.
 
         Args:
@@ -119,6 +120,10 @@ class MutualRL(pl.LightningModule):
             items: The B prompts.
             seed: Seed of this call's own sampling stream (:func:`mrl_lightning.mwra.sampling_rng`:
                 every generator is restored afterwards); None samples from the process's stream.
+            prompt_seeds: One seed per item: each prompt's completions are drawn from its own
+                seed, whatever else this call samples (the loop keys them by the prompt's place in
+                the step's batch, so the rank that samples it does not matter); None = drawn from
+                the stream above.
         """
         prompts = [policy.render_prompt(x) for x in items]
         with sampling_rng(seed) if seed is not None else contextlib.nullcontext(), \
@@ -127,7 +132,7 @@ class MutualRL(pl.LightningModule):
                 policy.model, policy.tokenizer, policy.encode_prompts(prompts),
                 num_generations=policy.num_generations, max_completion_length=policy.max_completion_length,
                 temperature=policy.temperature, top_p=policy.top_p, top_k=policy.top_k,
-                weights_version=policy.optimizer_steps_taken,
+                weights_version=policy.optimizer_steps_taken, prompt_seeds=prompt_seeds,
             )
         check_finite_logprobs(policy.policy_name, out.old_logprobs, out.completion_mask)
         repeated = [x for x in items for _ in range(policy.num_generations)]
@@ -161,14 +166,15 @@ class MutualRL(pl.LightningModule):
             scored = self.rollout_n(policy, items, num_samples)
         return float(scored.float().mean())
 
-    def rollout_n(self, policy: PolicyModule, items: list, num_samples: int) -> torch.Tensor:
-        """``[B, num_samples]`` bool success of sampled completions."""
+    def rollout_n(self, policy: PolicyModule, items: list, num_samples: int,
+                  prompt_seeds: list[int] | None = None) -> torch.Tensor:
+        """``[B, num_samples]`` bool success of sampled completions (``prompt_seeds``: as :meth:`rollout`)."""
         with named_sampling_errors(policy.policy_name):
             out = self.engine_for(policy, len(items)).generate(
                 policy.model, policy.tokenizer, policy.encode_prompts([policy.render_prompt(x) for x in items]),
                 num_generations=num_samples, max_completion_length=policy.max_completion_length,
                 temperature=policy.temperature, top_p=policy.top_p, top_k=policy.top_k,
-                weights_version=policy.optimizer_steps_taken,
+                weights_version=policy.optimizer_steps_taken, prompt_seeds=prompt_seeds,
             )
         repeated = [x for x in items for _ in range(num_samples)]
         _, _, success = self.score(out.completion_texts, repeated)

@@ -309,8 +309,10 @@ class MRLTrainer:
             for name in w.local_policies:
                 t0 = time.perf_counter()
                 policy = model.policies[name]
-                seed = stream_seed(self._run_seed(), name, "rollout", self.rollout_step, w.group_index(name))
-                scored[name] = model.rollout(policy, w.shard(name, items), seed=seed)
+                positions = w.shard_indices(name, len(items))  # keyed by its place in the batch, not the rank
+                seeds = [stream_seed(self._run_seed(), name, "rollout", self.rollout_step, b) for b in positions]
+                scored[name] = model.rollout(policy, [items[b] for b in positions], prompt_seeds=seeds,
+                                             seed=stream_seed(self._run_seed(), name, "rollout", self.rollout_step))
                 if self.precision not in FULL_PRECISION:  # the update re-scores in its own precision
                     mark_for_rescoring(scored[name].rollouts)
                 metrics.update(rollout_metrics(scored[name], policy))
@@ -360,8 +362,8 @@ class MRLTrainer:
     def _evaluate(self, model, datamodule) -> None:
         w = self.workers
         with w.phase("eval"):
-            def seed(name: str, part: str) -> int:
-                return stream_seed(self._run_seed(), name, "eval", self.global_step, part, w.group_index(name))
+            def seed(name: str, part: str, *position: int) -> int:  # position: the prompt's place in the part
+                return stream_seed(self._run_seed(), name, "eval", self.global_step, part, *position)
 
             metrics, samples = evaluate_on_workers(model, datamodule.eval_items(), w, self.num_sample_completions,
                                                    self.eval_num_generations, seed)

@@ -181,7 +181,7 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
                                       entropy=iteration == 0))
         params = trainable(policy)
         reduce(params)
-        if batch.aux_losses:
+        if batch.aux_losses or batch.group_terms:  # a rank without a term still reduces the group's terms
             t0 = time.perf_counter()
             metrics.update(backward_aux_losses(batch.aux_losses, policy, model, fabric.backward, params,
                                                tag=lambda term: f"probe/{term}/{p}", totals=totals, reduce=reduce,

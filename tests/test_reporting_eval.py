@@ -48,7 +48,7 @@ class FakeSystem:
         ok = [int(x.prompt_id[1:]) % 2 == 0 for x in items]
         return sum(ok) / len(ok), [x.question for x in items]
 
-    def rollout_n(self, policy, items, k):
+    def rollout_n(self, policy, items, k, prompt_seeds=None):
         hits = [HITS[x.part][x.prompt_id] for x in items]
         return torch.tensor([[j < h for j in range(k)] for h in hits])
 
@@ -60,13 +60,13 @@ def _items():
     return {part: [PromptItem(pid, f"q {pid}", "1", part, {}) for pid in hits] for part, hits in HITS.items()}
 
 
-def _counts(shard):
-    counts, _ = eval_counts(FakeSystem(), _items(), ["p"], 1, K, lambda name, part: 0, shard=shard)
+def _counts(shard_indices):
+    counts, _ = eval_counts(FakeSystem(), _items(), ["p"], 1, K, lambda name, part, *i: 0, shard_indices=shard_indices)
     return counts
 
 
 def test_mean_and_pass_at_k_by_hand_and_existing_tags_kept():
-    metrics = eval_metrics_from_counts(FakeSystem(), merge_eval_counts([_counts(lambda n, items: items)]))
+    metrics = eval_metrics_from_counts(FakeSystem(), merge_eval_counts([_counts(lambda n, size: list(range(size)))]))
     # gsm8k: mean of 2/4, 0/4, 1/4, 4/4 = 0.4375; pass@4 = prompts with a success: 3 of 4.
     assert metrics["eval/p/mean_at_k_gsm8k"] == pytest.approx(0.4375)
     assert metrics["eval/p/pass_at_k_gsm8k"] == pytest.approx(0.75)
@@ -83,15 +83,15 @@ def test_mean_and_pass_at_k_by_hand_and_existing_tags_kept():
 
 
 def test_two_ranks_merged_give_the_one_rank_numbers():
-    one = eval_metrics_from_counts(FakeSystem(), merge_eval_counts([_counts(lambda n, items: items)]))
-    ranks = [_counts(lambda n, items: items[:2]), _counts(lambda n, items: items[2:])]
+    one = eval_metrics_from_counts(FakeSystem(), merge_eval_counts([_counts(lambda n, size: list(range(size)))]))
+    ranks = [_counts(lambda n, size: [0, 1]), _counts(lambda n, size: [2, 3])]
     merged = merge_eval_counts(ranks)
     assert merged["p"]["per_prompt"]["gsm8k"] == ([2, 0, 1, 4], K)
     assert eval_metrics_from_counts(FakeSystem(), merged) == pytest.approx(one)
 
 
 def test_greedy_only_evaluation_has_no_pass_at_k():
-    counts, _ = eval_counts(FakeSystem(), _items(), ["p"], 1, 0, lambda name, part: 0)
+    counts, _ = eval_counts(FakeSystem(), _items(), ["p"], 1, 0, lambda name, part, *i: 0)
     metrics = eval_metrics_from_counts(FakeSystem(), merge_eval_counts([counts]))
     assert "eval/p/success_gsm8k" in metrics and not any("_at_k_" in key for key in metrics)
 

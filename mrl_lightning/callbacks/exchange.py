@@ -136,8 +136,12 @@ class SharedExperienceExchange(MRLCallback):
             self.exchange = self._new_exchange(log_path=path)
 
     def records_for(self, scored, step: int, policy, verifier) -> list:
-        """SEE records of one policy's scored rollouts."""
-        out: list = []
+        """SEE records of one policy's scored rollouts, flat (:meth:`records_by_prompt`, concatenated)."""
+        return [rec for per_prompt in self.records_by_prompt(scored, step, policy, verifier) for rec in per_prompt]
+
+    def records_by_prompt(self, scored, step: int, policy, verifier) -> list[list]:
+        """SEE records of one policy's scored rollouts, one list per prompt in ``scored.items`` order."""
+        out: list[list] = []
         r = scored.rollouts
         g = scored.num_generations
         fingerprint = tokenizer_fingerprint(policy.tokenizer)
@@ -146,10 +150,12 @@ class SharedExperienceExchange(MRLCallback):
         rewards_all, success_all = scored.rewards.tolist(), scored.success.tolist()
         verifier_all = scored.verifier_rewards.tolist()
         for b, item in enumerate(scored.items):
+            mine: list = []
+            out.append(mine)
             if "group_stats" in self.record_types:
                 rewards = scored.rewards[b]
                 valid = rewards[~torch.isnan(rewards)]
-                out.append(GroupStatsRecord(
+                mine.append(GroupStatsRecord(
                     prompt_id=item.prompt_id, source=scored.policy, step=step, n=int(valid.numel()),
                     reward_mean=float(valid.mean()) if valid.numel() else float("nan"),
                     reward_std=float(valid.std()) if valid.numel() > 1 else 0.0,
@@ -161,7 +167,7 @@ class SharedExperienceExchange(MRLCallback):
                 if "rollout" in self.record_types and (success_all[b][k] or not self.rollouts_of_successes_only):
                     counted = mask_all[row]
                     ids = [t for t, m in zip(ids_all[row], counted) if m]
-                    out.append(RolloutRecord(
+                    mine.append(RolloutRecord(
                         prompt_id=item.prompt_id, source=scored.policy, step=step, completion_text=text,
                         token_ids=tuple(ids), logprobs=tuple(x for x, m in zip(logp_all[row], counted) if m),
                         offsets=_char_offsets(token_bytes(policy.tokenizer, ids), text),
@@ -169,7 +175,7 @@ class SharedExperienceExchange(MRLCallback):
                         tokenizer_fingerprint=fingerprint, sample_index=k,
                     ))
                 if "success" in self.record_types and success_all[b][k]:
-                    out.append(SuccessRecord(
+                    mine.append(SuccessRecord(
                         prompt_id=item.prompt_id, source=scored.policy, step=step, completion_text=text,
                         reward=verifier_all[row],
                         verifier=verifier.name, verifier_version=verifier.version,
@@ -179,9 +185,11 @@ class SharedExperienceExchange(MRLCallback):
     def on_rollouts_end(self, ctx, system, scored: dict) -> None:
         """Publish this step's records of every rank, in the same order on every rank."""
         step = ctx.rollout_step
-        local = {name: self.records_for(s, step, system.policies[name], system.verifier) for name, s in scored.items()}
+        local = {name: self.records_by_prompt(s, step, system.policies[name], system.verifier)
+                 for name, s in scored.items()}
         workers = getattr(ctx, "workers", None)
-        records = workers.exchange(local) if workers is not None else [r for rs in local.values() for r in rs]
+        records = workers.exchange(local) if workers is not None else [
+            r for per_policy in local.values() for per_prompt in per_policy for r in per_prompt]
         self.exchange.advance(step)  # stale records leave first, so the byte bound evicts only live ones
         self.exchange.publish(records)
 

@@ -52,7 +52,7 @@ from mrl_lightning.callbacks.base import MRLCallback
 from mrl_lightning.callbacks.xgrpo import advantage_probe_note
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.exchange import RolloutRecord
-from mrl_lightning.metrics import Max, Sum
+from mrl_lightning.metrics import Sum
 from mrl_lightning.objectives.grpo import group_advantages
 from mrl_lightning.probes.prp import (
     IS_LEVELS,
@@ -64,9 +64,6 @@ from mrl_lightning.probes.prp import (
 from mrl_lightning.rollout.base import left_pad
 from mrl_lightning.thl import residual_metrics, transfer_trace
 from mrl_lightning.update import loss_counts
-
-# How PRP's importance-weight statistics combine over a policy's ranks (mrl_lightning.metrics).
-WEIGHT_METRIC_KINDS = {"log_ratio_max": Max, "log_ratio_abs_max": Max, "units": Sum}
 
 
 def own_unit_loss(token_losses: Tensor, mask: Tensor, loss_type: str, own_sequences: int, own_tokens: float,
@@ -343,12 +340,9 @@ class PeerRolloutPooling(MRLCallback):
 
     def weight_metrics(self, logp_recv: Tensor, logp_src: Tensor, loss_mask: Tensor, tag: str) -> dict[str, float]:
         """Importance-weight statistics of the pooled peer tokens, under ``<tag>/`` (``ess``, ``log_ratio_max``, ...)."""
-        out = {}
-        for key, value in prp_weight_metrics(logp_recv, logp_src, loss_mask, self.is_mode, self.is_level,
-                                             self.c).items():
-            short = key.removeprefix("probe/prp_")
-            out[f"{tag}/{short}"] = WEIGHT_METRIC_KINDS.get(short, float)(value)
-        return out
+        return {f"{tag}/{key.removeprefix('probe/prp_')}": value
+                for key, value in prp_weight_metrics(logp_recv, logp_src, loss_mask, self.is_mode, self.is_level,
+                                                     self.c).items()}
 
     @staticmethod
     @torch.no_grad()

@@ -16,7 +16,8 @@ log-probs and the THL residual of the transferred batch is logged under
 
 State (checkpointed, and merged over worker processes by :meth:`merge_rank_states`): per
 policy, the prompts rescued so far, those seen again after a rescue, and those of them
-solved on-policy.
+solved on-policy. A policy on several ranks gathers every rank's additions each step, so
+each of its ranks holds the whole policy's bookkeeping.
 """
 
 from __future__ import annotations
@@ -217,11 +218,12 @@ class SuccessGatedTransfer(MRLCallback):
         tag = f"probe/sgt/{name}"
         rescued, solved = self.rescued.setdefault(name, set()), self.solved_after_rescue.setdefault(name, set())
         seen = self.seen_after_rescue.setdefault(name, set())
+        seen_now, solved_now = set(), set()
         for b, item in enumerate(items):  # before this step's rescues: "again" means a later step
             if item.prompt_id in rescued:
-                seen.add(item.prompt_id)
+                seen_now.add(item.prompt_id)
                 if bool(own[b].any()):
-                    solved.add(item.prompt_id)
+                    solved_now.add(item.prompt_id)
         prompt_ids = [x.prompt_id for x in items]
         records = ctx.exchange.query(SuccessRecord, receiver=name, step=ctx.rollout_step,
                                          prompt_ids=prompt_ids, max_staleness=self.max_staleness)
@@ -238,7 +240,6 @@ class SuccessGatedTransfer(MRLCallback):
         demo_rows: dict[int, list[float]] = {}  # row -> its demos' verifier rewards, in demo order
         demo_texts: dict[int, list[str]] = {}  # row -> its demos' texts, in demo order
         for b, texts in chosen.items():
-            rescued.add(items[b].prompt_id)
             for text in texts:
                 source = source_of[(items[b].prompt_id, text)]
                 rollout = traces_by_key.get((items[b].prompt_id, source, text))
@@ -274,8 +275,24 @@ class SuccessGatedTransfer(MRLCallback):
             f"{tag}/rescue_set_size": Sum(len(chosen)), f"{tag}/transfers": Sum(len(demos)),
             f"{tag}/retokenize_failures": Sum(failures),
         })
+        self._note(ctx, name, seen_now, solved_now, {items[b].prompt_id for b in chosen})
         if seen:
             batch.metrics[f"{tag}/rescued_later_solved_share"] = Mean(len(solved & seen) / len(seen), len(seen))
+
+    def _note(self, ctx, name: str, seen: set[str], solved: set[str], rescued: set[str]) -> None:
+        """Add this step's prompts seen again, solved again and rescued to ``name``'s bookkeeping.
+
+        On a group of several ranks each rank sees its shard only: the step's additions of every
+        rank are gathered, so each rank holds the bookkeeping one rank on the whole batch would
+        (the same on every rank; a resumed run restores it exactly).
+        """
+        workers = getattr(ctx, "workers", None)
+        if workers is not None and workers.group_size(name) > 1:
+            parts = workers.group_gather(name, (sorted(seen), sorted(solved), sorted(rescued)))
+            seen, solved, rescued = ({pid for part in parts for pid in part[k]} for k in range(3))
+        self.seen_after_rescue[name] |= seen
+        self.solved_after_rescue[name] |= solved
+        self.rescued[name] |= rescued
 
     def _join_groups(self, policy, batch, demos, demo_rows: dict[int, list[float]], weight: float, tag: str) -> None:
         """``transfer_mode: group``: the demos join their prompts' groups as extra samples.

@@ -6,13 +6,13 @@ of multi-process runs), ``workers`` (what this rank runs; collectives), ``rng``
 (placement-independent sampling streams).
 """
 
-from mrl_lightning.mwra.placement import PLACEMENTS, Placement, build_placement, shard_bounds
+from mrl_lightning.mwra.placement import PLACEMENTS, Placement, build_placement, shard_indices
 from mrl_lightning.mwra.plan import PolicyPlacement, build_plan, format_plan, model_shape, validate_resources
 from mrl_lightning.mwra.rng import rng_state, sampling_rng, set_rng_state, stream_seed
 from mrl_lightning.mwra.workers import WorkerError, Workers
 
 __all__ = [
     "PLACEMENTS", "Placement", "PolicyPlacement", "WorkerError", "Workers", "build_placement", "build_plan",
-    "format_plan", "model_shape", "rng_state", "sampling_rng", "set_rng_state", "shard_bounds",
+    "format_plan", "model_shape", "rng_state", "sampling_rng", "set_rng_state", "shard_indices",
     "stream_seed", "validate_resources",
 ]

@@ -138,17 +138,16 @@ def build_placement(
     return Placement("disjoint", groups, world_size)
 
 
-def shard_bounds(num_items: int, index: int, size: int) -> tuple[int, int]:
-    """Contiguous ``[start, end)`` of item ``index``'s share when ``num_items`` split over ``size``.
+def shard_indices(num_items: int, index: int, size: int) -> list[int]:
+    """The batch positions of shard ``index`` when ``num_items`` whole prompts split over ``size`` ranks.
 
-    Whole prompts only: the first ``num_items % size`` shares get one more item. Shares
-    are contiguous and in rank order, so concatenating them gives back the batch.
+    Strided: shard r holds positions ``r, r + size, r + 2*size, ...``, so every rank sees the
+    batch's mixture of task parts (the data module lays a batch out part by part) and the
+    shards differ in size by at most one. Their union is the batch.
 
     Raises:
         ValueError: ``index`` outside ``[0, size)``.
     """
     if not 0 <= index < size:
         raise ValueError(f"shard index {index} outside [0, {size}).")
-    base, extra = divmod(num_items, size)
-    start = index * base + min(index, extra)
-    return start, start + base + (1 if index < extra else 0)
+    return list(range(index, num_items, size))

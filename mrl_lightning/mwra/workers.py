@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from mrl_lightning.metrics import combine_metrics
-from mrl_lightning.mwra.placement import Placement, shard_bounds
+from mrl_lightning.mwra.placement import Placement, shard_indices
 
 
 class WorkerError(RuntimeError):
@@ -86,10 +86,13 @@ class Workers:
     def is_leader(self, policy: str) -> bool:
         return self.placement.leader(policy) == self.rank
 
+    def shard_indices(self, policy: str, num_items: int) -> list[int]:
+        """The batch positions of this rank's share for ``policy`` (whole prompts, strided: :func:`shard_indices`)."""
+        return shard_indices(num_items, self.group_index(policy), self.group_size(policy))
+
     def shard(self, policy: str, items: list) -> list:
-        """This rank's contiguous share of ``items`` (whole prompts) for ``policy``."""
-        start, end = shard_bounds(len(items), self.group_index(policy), self.group_size(policy))
-        return items[start:end]
+        """This rank's share of ``items`` for ``policy``: every group-size-th prompt from its index."""
+        return [items[i] for i in self.shard_indices(policy, len(items))]
 
     # ---------------------------------------------------------------- collectives
     @contextlib.contextmanager
@@ -167,23 +170,29 @@ class Workers:
                 self._collective(f"{policy} weight broadcast", dist.broadcast, tensor.data,
                                  src=self.placement.leader(policy), group=self._groups[policy])
 
-    def exchange(self, local: dict[str, list]) -> list:
-        """Every rank's SEE records, on every rank, in one deterministic order.
+    def exchange(self, local: dict[str, list[list]]) -> list:
+        """Every rank's SEE records, on every rank, in the one order a single rank would produce.
 
         Args:
-            local: Policy name -> records this rank produced for it (its shard's).
+            local: Policy name -> this rank's records for it, one list per prompt of its shard
+                (in shard order).
 
         Returns:
-            All records: policies in ``model.policies`` order, within a policy its ranks in
-            group order (shards are contiguous, so this is the batch's prompt order), within
-            a rank the order it produced them.
+            All records, flat: policies in ``model.policies`` order; within a policy, its prompts
+            in the step's batch order (each rank's shards interleaved back, :func:`shard_indices`);
+            within a prompt, the order its rank produced them.
         """
         gathered = self.all_gather(local, "exchange")
         out: list = []
         for name, ranks in self.placement.groups.items():
-            for r in ranks:
-                out.extend(gathered[r].get(name, []))
+            parts = [gathered[r].get(name, []) for r in ranks]
+            for position in range(sum(len(p) for p in parts)):
+                out.extend(parts[position % len(ranks)][position // len(ranks)])
         return out
+
+    def group_gather(self, policy: str, obj: Any) -> list[Any]:
+        """``obj`` from every rank of ``policy``'s group, in group order (``[obj]`` on a group of one)."""
+        return self._group_all_gather(policy, obj)
 
     def all_gather(self, obj: Any, what: str) -> list[Any]:
         """``obj`` from every rank, indexed by rank."""

@@ -35,6 +35,7 @@ import math
 import torch
 from torch import Tensor
 
+from mrl_lightning.metrics import ESS, Max, Mean, Sum
 from mrl_lightning.objectives.grpo import aggregate_loss, group_advantages
 
 IS_MODES = ("truncate", "clip", "none")
@@ -332,7 +333,7 @@ def prp_weight_metrics(
         lr = lr[mask]
     keys = ("units", "ess", "ess_raw", "log_ratio_mean", "log_ratio_max", "log_ratio_abs_max", "weight_mean", "frac_capped")
     if lr.numel() == 0:
-        return {f"probe/prp_{k}": 0.0 for k in keys}
+        return {f"probe/prp_{k}": Sum(0.0) if k == "units" else Mean(0.0, 0.0) for k in keys}
     log_w = _log_weight(lr, is_mode, c)
     capped = (log_w != lr) if is_mode != "none" else torch.zeros_like(lr, dtype=torch.bool)
 
@@ -340,8 +341,9 @@ def prp_weight_metrics(
         w = (log_weights - log_weights.max()).exp()  # scale-free, so shift for stability
         return float(w.sum() ** 2 / (w * w).sum()) / log_weights.numel()
 
+    n = float(lr.numel())  # each value says how it pools over ranks (mrl_lightning.metrics)
     values = (
-        float(lr.numel()), ess(log_w), ess(lr), float(lr.mean()), float(lr.max()),
-        float(lr.abs().max()), float(log_w.exp().mean()), float(capped.double().mean()),
+        Sum(n), ESS.of(log_w, ess(log_w)), ESS.of(lr, ess(lr)), Mean(float(lr.mean()), n), Max(float(lr.max())),
+        Max(float(lr.abs().max())), Mean(float(log_w.exp().mean()), n), Mean(float(capped.double().mean()), n),
     )
     return {f"probe/prp_{k}": v for k, v in zip(keys, values)}

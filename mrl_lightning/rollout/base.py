@@ -68,7 +68,10 @@ class RolloutEngine(Protocol):
     tempered distribution. ``weights_version`` is the policy's count of optimizer steps
     (:attr:`~mrl_lightning.policy.PolicyModule.optimizer_steps_taken`): an engine that
     holds its own copy of the weights (vLLM) pushes new ones when it changed; one that
-    runs the model itself ignores it.
+    runs the model itself ignores it. ``prompt_seeds`` (one per prompt) make each prompt's
+    completions depend on its seed alone, not on the other prompts of the call, so
+    placements that split the prompts differently sample the same completions; None =
+    seeds drawn from torch's current generator.
     """
 
     name: str
@@ -87,4 +90,5 @@ class RolloutEngine(Protocol):
         do_sample: bool = True,
         policy_name: str | None = None,
         weights_version: int = 0,
+        prompt_seeds: list[int] | None = None,
     ) -> RolloutBatch: ...

@@ -226,6 +226,64 @@ def _quiet_padding_warning() -> Iterator[None]:
         target.removeFilter(flt)
 
 
+def seeded_sampling(prompt_seeds: list[int] | None, num_prompts: int, num_generations: int, temperature: float,
+                    top_p: float, top_k: int):
+    """Logits processors that sample each prompt's completions from its own seed (docs/rollout.md).
+
+    The scores are tempered (``logits / temperature``), filtered (top-k, then top-p; off at
+    0 and 1) and then perturbed by ``-log E`` with ``E ~ Exp(1)`` i.i.d. per row and token, drawn
+    from a generator seeded by the row's prompt seed; the argmax of the perturbed scores is a
+    draw from ``softmax`` of the filtered scores (the exponential race, equivalent to the
+    Gumbel-max trick). Each prompt's generator draws a ``[G, V]`` block per decoding step,
+    whatever the batch holds, so a prompt's completions depend only on its seed, the
+    model's weights and the settings: a group of ranks that splits the prompts samples what
+    one rank sampling all of them does (up to float rounding of the forward pass).
+
+    Args:
+        prompt_seeds: One seed per prompt, or None to draw them from torch's current generator.
+        num_prompts: B.
+        num_generations: G rows per prompt (prompt-major).
+        temperature: > 0.
+        top_p: Nucleus threshold in (0, 1]; 1 = off.
+        top_k: Top-k, 0 = off.
+
+    Returns:
+        A ``transformers.LogitsProcessorList`` for ``generate`` with greedy search.
+
+    Raises:
+        ValueError: ``prompt_seeds`` does not hold one seed per prompt.
+    """
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    if prompt_seeds is None:
+        prompt_seeds = torch.randint(0, 2**62, (num_prompts,)).tolist()
+    if len(prompt_seeds) != num_prompts:
+        raise ValueError(f"prompt_seeds has {len(prompt_seeds)} seeds for {num_prompts} prompts; give one per prompt.")
+    processors = [TemperatureLogitsWarper(temperature)]
+    if top_k > 0:
+        processors.append(TopKLogitsWarper(top_k))
+    if top_p < 1.0:
+        processors.append(TopPLogitsWarper(top_p))
+    processors.append(_PerPromptRace(list(prompt_seeds), num_generations))
+    return LogitsProcessorList(processors)
+
+
+class _PerPromptRace:
+    """Adds ``-log E`` (``E ~ Exp(1)``) to the scores, one generator per prompt (:func:`seeded_sampling`)."""
+
+    def __init__(self, seeds: list[int], num_generations: int) -> None:
+        self.seeds, self.g = seeds, num_generations
+        self.generators: list[torch.Generator] | None = None
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        if self.generators is None:
+            self.generators = [torch.Generator(device=scores.device).manual_seed(int(s)) for s in self.seeds]
+        vocab = scores.shape[1]
+        race = torch.cat([torch.empty((self.g, vocab), device=scores.device, dtype=torch.float32)
+                          .exponential_(generator=gen) for gen in self.generators])
+        return scores - race.log()
+
+
 class HFGenerateEngine:
     """Sampling with ``model.generate`` (KV cache on); a :class:`~mrl_lightning.rollout.base.RolloutEngine`."""
 
@@ -246,6 +304,7 @@ class HFGenerateEngine:
         do_sample: bool = True,
         policy_name: str | None = None,
         weights_version: int = 0,
+        prompt_seeds: list[int] | None = None,
         share_prompt_prefill: bool = True,
     ) -> RolloutBatch:
         """Sample ``num_generations`` completions per prompt, with the policy's settings only.
@@ -263,6 +322,9 @@ class HFGenerateEngine:
             policy_name: Named in the warning about the model's ignored generation settings.
             weights_version: Unused: this engine samples from ``model`` itself, so it always
                 has the current weights (the :class:`~mrl_lightning.rollout.base.RolloutEngine` contract).
+            prompt_seeds: One seed per prompt: its G completions are drawn from that seed alone
+                (:func:`seeded_sampling`), whatever else is in the batch; None = seeds drawn from
+                torch's current generator.
             share_prompt_prefill: Run each prompt once and share its KV cache across its
                 G rows (:func:`mrl_lightning.forward.shared_prefix_cache`); False = one plain
                 ``generate`` over the B*G rows.
@@ -271,7 +333,7 @@ class HFGenerateEngine:
             :class:`RolloutBatch` with N = B * G rows.
 
         Raises:
-            ValueError: empty prompt list or temperature <= 0.
+            ValueError: empty prompt list, temperature <= 0, or not one seed per prompt.
         """
         if not prompt_ids:
             raise ValueError("prompt_ids is empty; nothing to generate.")
@@ -283,10 +345,14 @@ class HFGenerateEngine:
         ids, mask = ids.to(device), mask.to(device)
         was_training = model.training
         model.eval()
+        # Sampling is an exponential race drawn per prompt from its own seed (seeded_sampling), so
+        # generate itself runs its greedy search over the tempered, filtered, perturbed scores.
         config = sampling_generation_config(
-            max_new_tokens=max_completion_length, do_sample=do_sample, temperature=temperature, top_p=top_p,
+            max_new_tokens=max_completion_length, do_sample=False, temperature=temperature, top_p=top_p,
             top_k=top_k, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         )
+        processors = seeded_sampling(prompt_seeds, len(prompt_ids), num_generations, temperature, top_p, top_k) \
+            if do_sample else None
         ignored = ignored_generation_settings(getattr(model, "generation_config", None), temperature=temperature,
                                               top_p=top_p, top_k=top_k, do_sample=do_sample)
         _warn_once(model, ignored, policy_name)
@@ -297,7 +363,8 @@ class HFGenerateEngine:
                     u_ids, u_mask = left_pad(prompt_ids, tokenizer.pad_token_id)
                     prefix = shared_prefix_cache(model, u_ids.to(device), u_mask.to(device), num_generations)
                 with _quiet_padding_warning():
-                    out = model.generate(input_ids=ids, attention_mask=mask.long(), generation_config=config, **prefix)
+                    out = model.generate(input_ids=ids, attention_mask=mask.long(), generation_config=config,
+                                         logits_processor=processors, **prefix)
         finally:
             model.train(was_training)
         completion = out.sequences[:, ids.shape[1]:]

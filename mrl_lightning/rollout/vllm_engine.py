@@ -34,8 +34,10 @@ unless ``vllm_gpu_memory_utilization`` is set; ``server`` talks to a ``trl vllm-
 server (its ``VLLMClient``). Both are built by :func:`~mrl_lightning.builders.engines.build_vllm_engine`;
 tests pass an in-process double of the same few calls.
 
-Seeds: one per prompt, ``base + b*G`` with ``base`` drawn from torch's generator (seeded
-by the loop's sampling stream); vLLM gives completion g of a request ``seed + g``.
+Seeds: one per prompt, the loop's ``prompt_seeds`` (keyed by run seed, policy, step and the
+prompt's place in the step's batch, so the rank that samples a prompt does not matter), or
+else ``base + b*G`` with ``base`` drawn from torch's generator; vLLM gives completion g of a
+request ``seed + g``.
 """
 
 from __future__ import annotations
@@ -207,6 +209,7 @@ class VLLMEngine:
         do_sample: bool = True,
         policy_name: str | None = None,
         weights_version: int = 0,
+        prompt_seeds: list[int] | None = None,
         **_: Any,
     ) -> RolloutBatch:
         """Sample ``num_generations`` completions per prompt with the policy's settings only.
@@ -224,13 +227,15 @@ class VLLMEngine:
             policy_name: Named in errors.
             weights_version: The policy's optimizer-step count: weights are pushed when it or
                 the parameters changed since the last push (:func:`weights_key`).
+            prompt_seeds: One seed per prompt (vLLM seeds completion g of a request ``seed + g``);
+                None = ``base + b*G`` with ``base`` drawn from torch's current generator.
 
         Returns:
             :class:`~mrl_lightning.rollout.base.RolloutBatch` with N = B * G rows, tensors on the model's device;
             ``old_logprobs`` and ``sampling_logprobs`` ``[N, L]`` float32 nats.
 
         Raises:
-            ValueError: empty prompt list or temperature <= 0.
+            ValueError: empty prompt list, temperature <= 0, or not one seed per prompt.
             RuntimeError: vLLM ended a completion for a reason other than a stop token or the
                 length limit (an aborted or failed request), naming the policy and the reason.
         """
@@ -240,8 +245,14 @@ class VLLMEngine:
             raise ValueError(f"temperature={temperature} must be > 0.")
         self.sync_weights(model, weights_version)
         n = num_generations if do_sample else 1
-        base = int(torch.randint(0, _SEED_RANGE - len(prompt_ids) * n, (1,)))
-        seeds = [base + b * n for b in range(len(prompt_ids))]
+        if prompt_seeds is not None:
+            if len(prompt_seeds) != len(prompt_ids):
+                raise ValueError(f"prompt_seeds has {len(prompt_seeds)} seeds for {len(prompt_ids)} prompts; give one "
+                                 "per prompt.")
+            seeds = [int(x) % (_SEED_RANGE - n) for x in prompt_seeds]
+        else:
+            base = int(torch.randint(0, _SEED_RANGE - len(prompt_ids) * n, (1,)))
+            seeds = [base + b * n for b in range(len(prompt_ids))]
         samples = self.backend.sample(prompt_ids, n, seeds, temperature if do_sample else 0.0,
                                       top_p if do_sample else 1.0, top_k if do_sample else 0, max_completion_length)
         if not do_sample:

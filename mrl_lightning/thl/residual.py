@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from mrl_lightning.metrics import Max, Ratio, Sum
 from mrl_lightning.thl.trace import MappedTrace
 
 
@@ -58,7 +59,7 @@ def residual_metrics(traces: Sequence[MappedTrace], prefix: str = "thl/") -> dic
         ``num_sequences`` (0.0) for an empty batch.
     """
     if not traces:
-        return {f"{prefix}num_sequences": 0.0}
+        return {f"{prefix}num_sequences": Sum(0.0)}
     failures = fallbacks = tails = 0
     agreed = interior = 0
     n_src = n_tgt = n_chunks = 0
@@ -78,17 +79,17 @@ def residual_metrics(traces: Sequence[MappedTrace], prefix: str = "thl/") -> dic
         moved, total = moved + m, total + t
         max_err = max(max_err, tr.conservation_error)
     n = len(traces)
-    metrics = {
-        "num_sequences": float(n),
-        "round_trip_failures": float(failures),
-        "boundary_agreement": agreed / interior if interior else 1.0,
-        "tokens_per_chunk": (n_src + n_tgt) / (2 * n_chunks) if n_chunks else 1.0,
-        "source_tokens_per_chunk": n_src / n_chunks if n_chunks else 1.0,
-        "target_tokens_per_chunk": n_tgt / n_chunks if n_chunks else 1.0,
-        "logprob_mass_moved": moved / total if total else 0.0,
-        "logprob_mass_moved_nats": moved / n,
-        "max_conservation_error": max_err,
-        "retokenize_fallbacks": float(fallbacks),
-        "invalid_utf8_tails": float(tails),
+    metrics = {  # each says how it pools over ranks (mrl_lightning.metrics): counts, shares of counts, a max
+        "num_sequences": Sum(n),
+        "round_trip_failures": Sum(failures),
+        "boundary_agreement": Ratio(agreed, interior, empty=1.0),
+        "tokens_per_chunk": Ratio(n_src + n_tgt, 2 * n_chunks, empty=1.0),
+        "source_tokens_per_chunk": Ratio(n_src, n_chunks, empty=1.0),
+        "target_tokens_per_chunk": Ratio(n_tgt, n_chunks, empty=1.0),
+        "logprob_mass_moved": Ratio(moved, total),
+        "logprob_mass_moved_nats": Ratio(moved, n),
+        "max_conservation_error": Max(max_err),
+        "retokenize_fallbacks": Sum(fallbacks),
+        "invalid_utf8_tails": Sum(tails),
     }
     return {prefix + k: v for k, v in metrics.items()}

@@ -62,8 +62,9 @@ def _assert_same_run(a: dict, b: dict, what: str) -> None:
     # The exchange holds every record of every step: completions (texts, token ids, log-probs) agree.
     ra = a["callbacks"]["SharedExperienceExchange"]["exchange"]["records"]
     rb = b["callbacks"]["SharedExperienceExchange"]["exchange"]["records"]
-    assert [r["completion_text"] for r in ra if "completion_text" in r] == \
-        [r["completion_text"] for r in rb if "completion_text" in r], f"{what}: completions differ"
+    texts_a = [rec["completion_text"] for _, rec in ra if "completion_text" in rec]  # records are [seq, record]
+    assert texts_a, f"{what}: no completion in the exchange to compare"
+    assert texts_a == [rec["completion_text"] for _, rec in rb if "completion_text" in rec], f"{what}: completions differ"
     assert a["callbacks"] == b["callbacks"], f"{what}: exchange / probe state differs"
     assert a["data"] == b["data"]
 

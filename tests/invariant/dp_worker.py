@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from mrl_lightning.batch import TrainBatch
 from mrl_lightning.builders import build_policy as build_model
-from mrl_lightning.mwra import Workers, build_placement, shard_bounds
+from mrl_lightning.mwra import Workers, build_placement, shard_indices
 from mrl_lightning.policy import PolicyModule
 from mrl_lightning.update import loss_counts, policy_update
 
@@ -29,12 +29,12 @@ def build_policy(folder, loss_type: str, g: int, length: int) -> PolicyModule:
     return policy
 
 
-def shard_rollout(rollout, rows: slice):
-    """The rows of one rank's prompts (tensors and per-row lists sliced alike)."""
+def shard_rollout(rollout, rows: list[int]):
+    """The rows of one rank's prompts (tensors and per-row lists taken alike)."""
     return replace(rollout, prompt_ids=rollout.prompt_ids[rows], prompt_mask=rollout.prompt_mask[rows],
                    completion_ids=rollout.completion_ids[rows], completion_mask=rollout.completion_mask[rows],
-                   old_logprobs=rollout.old_logprobs[rows], finish_reasons=rollout.finish_reasons[rows],
-                   completion_texts=rollout.completion_texts[rows])
+                   old_logprobs=rollout.old_logprobs[rows], finish_reasons=[rollout.finish_reasons[r] for r in rows],
+                   completion_texts=[rollout.completion_texts[r] for r in rows])
 
 
 def update(policy, rollout, advantages, workers=None, name="p"):
@@ -59,14 +59,14 @@ def run(rank: int, world: int, folder: str, work: str, loss_types: list[str]) ->
     result = {}
     # SEE across ranks: two policies on both ranks; each rank publishes different records.
     both = Workers(build_placement("colocated", None, ["a", "b"], world), rank, timeout_s=60)
-    result["exchange"] = both.exchange({"a": [f"a/r{rank}/{i}" for i in range(2)], "b": [f"b/r{rank}"]})
+    result["exchange"] = both.exchange({"a": [[f"a/r{rank}/{i}"] for i in range(2)], "b": [[f"b/r{rank}"]]})
     # One policy data-parallel over every rank.
     workers = Workers(build_placement("colocated", None, ["p"], world), rank, timeout_s=60)
-    start, end = shard_bounds(advantages.shape[0], rank, world)
-    result["prompts"] = list(range(start, end))
-    rows = slice(start * g, end * g)
+    prompts = shard_indices(advantages.shape[0], rank, world)
+    result["prompts"] = prompts
+    rows = [b * g + k for b in prompts for k in range(g)]
     for loss_type in loss_types:
         policy = build_policy(folder, loss_type, g, rollout.completion_ids.shape[1])
-        result[loss_type] = update(policy, shard_rollout(rollout, rows), advantages[start:end].clone(), workers)
+        result[loss_type] = update(policy, shard_rollout(rollout, rows), advantages[prompts].clone(), workers)
     torch.save(result, work / f"rank{rank}.pt")
     dist.destroy_process_group()

@@ -34,10 +34,11 @@ def test_two_data_parallel_ranks_equal_one_rank_on_the_whole_batch(invariant_lm_
                        start_method="spawn")
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
-    # The ranks saw disjoint prompts whose union is the batch.
-    assert ranks[0]["prompts"] == [0, 1] and ranks[1]["prompts"] == [2, 3]
-    # Every rank got every record, in policy order then rank order.
-    expected = ["a/r0/0", "a/r0/1", "a/r1/0", "a/r1/1", "b/r0", "b/r1"]
+    # The ranks saw disjoint, strided prompts whose union is the batch.
+    assert ranks[0]["prompts"] == [0, 2] and ranks[1]["prompts"] == [1, 3]
+    # Every rank got every record, in policy order then the batch's prompt order (the ranks'
+    # strided shares interleaved back: batch position 2i is rank 0's i-th prompt, 2i + 1 rank 1's).
+    expected = ["a/r0/0", "a/r1/0", "a/r0/1", "a/r1/1", "b/r0", "b/r1"]
     assert ranks[0]["exchange"] == ranks[1]["exchange"] == expected
     for loss_type in LOSS_TYPES:
         before = [p.detach().clone() for p in dp_worker.build_policy(invariant_lm_dir, loss_type, G, L).model.parameters()]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mrl_lightning.errors import ConfigError
-from mrl_lightning.mwra import build_placement, shard_bounds
+from mrl_lightning.mwra import build_placement, shard_indices
 from mrl_lightning.mwra.plan import ModelShape, PolicyPlacement, policy_memory_bytes, validate_resources
 
 NAMES = ["gpt2", "llama"]
@@ -65,11 +65,17 @@ def test_unknown_placement_and_policy_ranks_with_colocated_are_refused():
 
 
 @pytest.mark.parametrize("n, size", [(16, 2), (16, 3), (5, 4), (7, 7), (3, 1)])
-def test_shards_are_contiguous_whole_prompts_whose_union_is_the_batch(n, size):
-    items = list(range(n))
-    shards = [items[slice(*shard_bounds(n, i, size))] for i in range(size)]
-    assert sum(shards, []) == items
+def test_shards_are_strided_whole_prompts_whose_union_is_the_batch(n, size):
+    shards = [shard_indices(n, i, size) for i in range(size)]
+    assert sorted(sum(shards, [])) == list(range(n))
     assert max(map(len, shards)) - min(map(len, shards)) <= 1
+    assert shards[0][:2] == ([0, size] if n > size else [0])
+
+
+def test_every_shard_of_a_part_ordered_batch_holds_every_part():
+    batch = ["add"] * 8 + ["sub"] * 8  # the data module lays a batch out part by part
+    for rank in range(2):
+        assert {batch[i] for i in shard_indices(16, rank, 2)} == {"add", "sub"}
 
 
 def _rows(ranks=((0,), (1,))):
