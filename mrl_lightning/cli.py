@@ -3,7 +3,8 @@
 ``mrl fit --config configs/default.yaml [--config callbacks/sgt.yaml] [--trainer.max_steps N]``
 runs training through LightningCLI (:class:`mrl_lightning.fit_cli.MRLCLI`); ``mrl fit
 --help`` lists every option. ``mrl thl ...`` (THL alignment report, ``docs/thl.md``) and
-``mrl bandit ...`` (contextual-bandit analysis, ``docs/bandit.md``) are plain sub-programs.
+``mrl bandit ...`` (contextual-bandit analysis, ``docs/bandit.md``) and ``mrl export ...`` (a
+trained policy as a ``save_pretrained`` folder, :mod:`mrl_lightning.export`) are plain sub-programs.
 
 Start-up: this module imports nothing heavy. Lightning, torch and the models are imported
 only by the sub-command that needs them, so ``mrl --help`` answers at once and ``mrl thl``
@@ -17,10 +18,12 @@ import traceback
 
 from mrl_lightning.errors import ConfigError
 
-USAGE = """usage: mrl {fit,thl,bandit} ...
+USAGE = """usage: mrl {fit,export,thl,bandit} ...
 
   mrl fit --config configs/default.yaml [--config callbacks/sgt.yaml] [--trainer.max_steps N] ...
         train the policies (LightningCLI; `mrl fit --help` lists every option)
+  mrl export --run runs/default/version_0 --policy gpt2 --out DIR
+        a trained policy (LoRA merged) as a save_pretrained folder (`mrl export --help`)
   mrl thl --source TOKENIZER --target TOKENIZER [--text-file FILE]
         THL alignment report between two tokenizers (`mrl thl --help`)
   mrl bandit --out DIR
@@ -55,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         from mrl_lightning.thl.cli import main as thl_main
 
         return thl_main(argv[1:])
+    if argv and argv[0] == "export":
+        from mrl_lightning.export import main as export_main
+
+        return export_main(argv[1:])
     if argv and argv[0] == "bandit":
         from mrl_lightning.analysis.cli import main as bandit_main
 

@@ -15,8 +15,6 @@ positions only (``logits_to_keep``), since the vocabulary dominates cost on a CP
 
 from __future__ import annotations
 
-from typing import Any
-
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
@@ -26,7 +24,7 @@ from mrl_lightning.errors import ConfigError
 from mrl_lightning.forward import completion_logits
 from mrl_lightning.model_source import ModelRecipe
 from mrl_lightning.objectives.grpo import LOSS_TYPES, SCALE_REWARDS
-from mrl_lightning.policy_checks import note_prompt_lengths, source_errors, template_errors
+from mrl_lightning.policy_checks import memory_option_errors, note_prompt_lengths, source_errors, template_errors
 from mrl_lightning.rollout.options import engine_config_errors
 
 
@@ -98,6 +96,22 @@ class PolicyModule(pl.LightningModule):
             ``sequence_mask``).
         vllm_importance_sampling_clip_max: C_max of the weights (TRL, same name and default 3).
         vllm_importance_sampling_clip_min: C_min of the weights; null = none (TRL, same name).
+        use_peft: Train a LoRA adapter (``peft``) instead of every weight (TRL ``use_peft``): the
+            base stays frozen, the reference model is the base with the adapter off (no second
+            copy when ``beta > 0``), checkpoints hold the adapter and its optimizer state only
+            (docs/mwra.md, "Memory per policy").
+        lora_r: LoRA rank r (TRL ``lora_r``).
+        lora_alpha: LoRA scaling alpha; the update is scaled by alpha / r (TRL ``lora_alpha``).
+        lora_dropout: Dropout on the adapter's input (TRL ``lora_dropout``); with ``disable_dropout``
+            (the default) it is set to 0 like every other dropout.
+        lora_target_modules: Module names (or suffixes) that get an adapter, e.g. ``[q_proj, v_proj]``
+            or ``all-linear``; null = peft's default for the architecture (TRL ``lora_target_modules``).
+        lora_modules_to_save: Modules trained in full next to the adapter, e.g. ``[lm_head]``
+            (TRL ``lora_modules_to_save``).
+        gradient_checkpointing: Recompute each layer's activations in the backward pass instead of
+            keeping them (transformers' own, non-reentrant; TRL ``gradient_checkpointing``): the
+            update holds one layer's activations at a time, and scores each row over prompt +
+            completion (``share_prompt_forward`` needs the KV cache that checkpointing drops).
 
     Raises:
         ValueError: every invalid option at once, before any model is built.
@@ -148,6 +162,13 @@ class PolicyModule(pl.LightningModule):
         vllm_importance_sampling_mode: str = "token_truncate",
         vllm_importance_sampling_clip_max: float | None = 3.0,
         vllm_importance_sampling_clip_min: float | None = None,
+        use_peft: bool = False,
+        lora_r: int = 16,
+        lora_alpha: float = 32.0,
+        lora_dropout: float = 0.05,
+        lora_target_modules: list[str] | str | None = None,
+        lora_modules_to_save: list[str] | None = None,
+        gradient_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         self.policy_name = name
@@ -177,6 +198,9 @@ class PolicyModule(pl.LightningModule):
         self.vllm_importance_sampling_mode = vllm_importance_sampling_mode
         self.vllm_importance_sampling_clip_max = vllm_importance_sampling_clip_max
         self.vllm_importance_sampling_clip_min = vllm_importance_sampling_clip_min
+        self.use_peft, self.lora_r, self.lora_alpha, self.lora_dropout = use_peft, lora_r, lora_alpha, lora_dropout
+        self.lora_target_modules, self.lora_modules_to_save = lora_target_modules, lora_modules_to_save
+        self.gradient_checkpointing = gradient_checkpointing
         self.model: torch.nn.Module | None = None
         self.tokenizer = None
         self._ref_model: list[torch.nn.Module] = []  # kept out of state_dict: rebuilt from the same weights
@@ -222,6 +246,7 @@ class PolicyModule(pl.LightningModule):
         if self.learning_rate <= 0:
             errors.append(f"{p}: learning_rate={self.learning_rate} must be > 0.")
         errors.extend(engine_config_errors(p, self))
+        errors.extend(memory_option_errors(p, self))
         if self.system_prompt is not None and not self.chat_template:
             errors.append(f"{p}: system_prompt={self.system_prompt!r} needs chat_template: true (a system turn "
                           "exists only in a chat format); set chat_template: true, or drop system_prompt and "
@@ -255,6 +280,41 @@ class PolicyModule(pl.LightningModule):
         advancing their version counters (measured with torch 2.13), so versions alone miss it.
         """
         self.optimizer_steps_taken += 1
+
+    @property
+    def is_adapter(self) -> bool:
+        """True when the built model is a peft model (``use_peft``): only the adapter trains."""
+        return hasattr(self.model, "peft_config")
+
+    def weights_state_dict(self) -> dict[str, Tensor]:
+        """What a checkpoint holds of the model: every weight, or, for a LoRA policy, the adapter's
+        (and ``lora_modules_to_save``) only; the frozen base is rebuilt from ``model`` on resume."""
+        if self.is_adapter:
+            from peft import get_peft_model_state_dict
+
+            return get_peft_model_state_dict(self.model)
+        return self.model.state_dict()
+
+    def load_weights_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Load :meth:`weights_state_dict` output back into the built model.
+
+        Raises:
+            RuntimeError: a key is missing or unexpected, or a shape differs (the model is not the
+                one the state was saved from).
+        """
+        if not self.is_adapter:
+            self.model.load_state_dict(state)
+            return
+        from peft import set_peft_model_state_dict
+
+        expected = self.weights_state_dict()
+        if set(state) != set(expected):
+            missing, extra = sorted(set(expected) - set(state))[:3], sorted(set(state) - set(expected))[:3]
+            raise RuntimeError(f"adapter state does not fit: missing {missing}, unexpected {extra}")
+        for key, value in state.items():
+            if value.shape != expected[key].shape:
+                raise RuntimeError(f"size mismatch for {key}: {tuple(value.shape)} vs {tuple(expected[key].shape)}")
+        set_peft_model_state_dict(self.model, state)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """AdamW over the trainable parameters.
@@ -325,7 +385,8 @@ class PolicyModule(pl.LightningModule):
         """
         model = self.model if model is None else model
         logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                   share_prompts=self.share_prompt_forward).float() / self.temperature
+                                   share_prompts=self.share_prompt_forward and not self.gradient_checkpointing,
+                                   ).float() / self.temperature
         logz = torch.logsumexp(logits, dim=-1)
         logp = torch.gather(logits, 2, completion_ids.unsqueeze(-1)).squeeze(-1) - logz
         entropy = None
@@ -334,10 +395,3 @@ class PolicyModule(pl.LightningModule):
                 probs = torch.softmax(logits, dim=-1)
                 entropy = logz - (probs * logits).sum(-1)
         return logp, entropy
-
-    def state_summary(self) -> dict[str, Any]:
-        """Small facts for the run table: parameters, vocabulary, family."""
-        n = sum(p.numel() for p in self.model.parameters()) if self.model is not None else 0
-        return {"name": self.policy_name, "params": n, "vocab": len(self.tokenizer) if self.tokenizer else 0,
-                "family": getattr(getattr(self.model, "config", None), "model_type", "?")}
-

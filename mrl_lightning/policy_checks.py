@@ -175,3 +175,27 @@ def tokenizer_errors(policy, source: str) -> list[str]:
     if errors:
         policy.tokenizer = None
     return errors
+
+
+def memory_option_errors(where: str, policy) -> list[str]:
+    """Problems of a policy's LoRA / gradient-checkpointing options that need no model.
+
+    Whether the target modules exist is checked against the model's config before any
+    weight is loaded (:func:`mrl_lightning.builders.models.adapter_errors`).
+
+    Returns:
+        Error messages naming the field, the value and the fix (empty when valid).
+    """
+    import importlib.util
+
+    errors = []
+    if policy.use_peft and importlib.util.find_spec("peft") is None:
+        errors.append(f"{where}: use_peft=true needs the peft package, not installed here: pip install peft "
+                      "(or set use_peft: false).")
+    if policy.lora_r < 1:
+        errors.append(f"{where}: lora_r={policy.lora_r} must be >= 1 (the adapter's rank, e.g. 16).")
+    if not policy.lora_alpha > 0:
+        errors.append(f"{where}: lora_alpha={policy.lora_alpha} must be > 0 (e.g. 2 * lora_r).")
+    if not 0.0 <= policy.lora_dropout < 1.0:
+        errors.append(f"{where}: lora_dropout={policy.lora_dropout} must be in [0, 1).")
+    return errors

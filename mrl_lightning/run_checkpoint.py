@@ -1,7 +1,8 @@
 """What a run's checkpoint holds, how the ranks assemble and restore it, and its run folder (docs/loop.md).
 
-A checkpoint holds, per policy, its model and optimizer state (from the policy's group
-leader), every callback's state (merged over ranks by the callback,
+A checkpoint holds, per policy, its model (every weight, or a LoRA policy's adapter only:
+:meth:`~mrl_lightning.policy.PolicyModule.weights_state_dict`) and optimizer state (from the
+policy's group leader), every callback's state (merged over ranks by the callback,
 :meth:`~mrl_lightning.callbacks.base.MRLCallback.merge_rank_states`), the data position,
 the counters, every rank's RNG states and the placement. Rank 0 writes ``last.ckpt``
 atomically (:func:`mrl_lightning.checkpoint.atomic_save`) and hard-links ``step=<k>.ckpt``
@@ -56,7 +57,7 @@ def save_run_checkpoint(folder: Path, step: int, *, workers, policies: dict, opt
     """
     path = folder / f"step={step}.ckpt"
     local = {
-        "policies": {name: {"model": to_cpu(policies[name].model.state_dict()),
+        "policies": {name: {"model": to_cpu(policies[name].weights_state_dict()),
                             "optimizer": to_cpu(optimizers[name].state_dict())}
                      for name in workers.local_policies if workers.is_leader(name)},
         "callbacks": {cb.state_key: cb.state_dict() for cb in callbacks},
@@ -121,7 +122,7 @@ def restore_run_checkpoint(state: dict[str, Any], *, workers, policies: dict, op
     """
     for name in workers.local_policies:
         try:
-            policies[name].model.load_state_dict(state["policies"][name]["model"])
+            policies[name].load_weights_state_dict(state["policies"][name]["model"])
         except RuntimeError as exc:
             raise CheckpointError(
                 f"policy {name!r}: the checkpoint's weights do not fit the configured model "

@@ -28,12 +28,12 @@ import torch
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import TensorBoardLogger
 
-from mrl_lightning.builders import build_on_rank, model_config
+from mrl_lightning.builders import build_on_rank, plan_shapes
 from mrl_lightning.callbacks.base import HookContext, MRLCallback, collect_services, service_errors
 from mrl_lightning.checkpoint import check_compatible, load_checkpoint
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.metrics import Global, Max, window_reduce
-from mrl_lightning.mwra import PLACEMENTS, Workers, build_placement, model_shape, stream_seed
+from mrl_lightning.mwra import PLACEMENTS, Workers, build_placement, stream_seed
 from mrl_lightning.mwra.plan import peak_memory_gib, plan_resources
 from mrl_lightning.mwra.strategy import PolicyGroupsStrategy
 from mrl_lightning.objectives.aux_share import term_names
@@ -220,10 +220,9 @@ class MRLTrainer:
         checkpoint = load_checkpoint(ckpt_path) if ckpt_path else None
         if checkpoint is not None:
             check_compatible(checkpoint, list(model.policies), self.max_steps)
-        shapes = {}
-        for name, policy in model.policies.items():
-            config = model_config(policy)
-            shapes[name] = model_shape(config) if config is not None else None
+        shapes, errors = plan_shapes(dict(model.policies))  # configs only (LoRA on the meta device)
+        if errors:
+            raise ConfigError("Invalid policy config:\n  - " + "\n  - ".join(errors))
         plan_text, threads = plan_resources(placement, shapes, dict(model.policies), datamodule.batch_size,
                                             self.fabric.device.type, type(self.fabric.strategy).__name__,
                                             self.precision, self.devices_per_node, self.num_threads)

@@ -2,7 +2,8 @@
 
 :func:`policy_update` reads, in the order it runs:
 
-0. once per batch: the reference model's log-probs (``beta > 0``), and, for rollouts another
+0. once per batch: the reference model's log-probs (``beta > 0``; for a LoRA policy its own
+   base with the adapter disabled), and, for rollouts another
    engine sampled (``sampling_logprobs`` set: vLLM, or mixed precision), the update's own
    no-grad scores as old log-probs with the sampler mismatch corrected
    (:func:`~mrl_lightning.rollout.sampler_correction.correct_sampler_mismatch`, docs/rollout.md);
@@ -162,8 +163,10 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
 
     ref = None
     if policy.beta > 0:  # the reference scores in the update's precision (autocast), like the policy
-        with torch.no_grad(), _autocast(fabric):
-            ref = torch.cat([logprobs(sl, policy.ref_model)[0] for sl in slices])
+        module, off = (policy.model, policy.model.disable_adapter()) if policy.is_adapter \
+            else (policy.ref_model, contextlib.nullcontext())  # LoRA: the base is the reference
+        with torch.no_grad(), _autocast(fabric), off:
+            ref = torch.cat([logprobs(sl, module)[0] for sl in slices])
     metrics: dict[str, float] = {}
     sampler_weights = None
     if r.sampling_logprobs is not None:  # another engine sampled (vLLM): docs/rollout.md

@@ -6,6 +6,6 @@ Nothing here runs at import: vLLM and transformers load when a build needs them.
 """
 
 from mrl_lightning.builders.engines import build_vllm_engine
-from mrl_lightning.builders.models import build_on_rank, build_policy, materialize, model_config
+from mrl_lightning.builders.models import build_on_rank, build_policy, materialize, model_config, plan_shapes
 
-__all__ = ["build_on_rank", "build_policy", "build_vllm_engine", "materialize", "model_config"]
+__all__ = ["build_on_rank", "build_policy", "build_vllm_engine", "materialize", "model_config", "plan_shapes"]

@@ -76,9 +76,12 @@ def build_policy(policy: PolicyModule, datamodule=None, cache_log=print, with_mo
 
     A worker that does not run this policy still needs its tokenizer (THL maps the
     policy's text and tokens for its peers), so it builds with ``with_model=False``. The
-    model is float32 in train mode (``from_pretrained`` returns eval mode), with every
-    dropout probability 0 when ``disable_dropout``; with ``beta > 0`` a second copy, frozen
-    and in eval mode, becomes the reference (:meth:`PolicyModule.attach_reference`).
+    model is float32 in train mode (``from_pretrained`` returns eval mode), with transformers'
+    gradient checkpointing when ``gradient_checkpointing``, wrapped in a LoRA adapter
+    (``peft.get_peft_model``, :func:`lora_config`) when ``use_peft``, and with every dropout
+    probability 0 (the adapter's too) when ``disable_dropout``; with ``beta > 0`` a second
+    copy, frozen and in eval mode, becomes the reference (:meth:`PolicyModule.attach_reference`),
+    except for a LoRA policy, whose reference is its own base with the adapter disabled.
 
     Raises:
         ConfigError: the tokenizer fails its checks (no pad or EOS token, chat template, ...).
@@ -94,19 +97,80 @@ def build_policy(policy: PolicyModule, datamodule=None, cache_log=print, with_mo
         return
     hub = hub_load_kwargs(source, "model", f"policy {policy.policy_name!r}")
     with quiet_local_load(source):
-        policy.model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **hub)
-    policy.model.train()
-    if policy.disable_dropout:
-        for module in policy.model.modules():
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **hub)
+    if policy.gradient_checkpointing:  # transformers' own; the non-reentrant kind needs no input grads
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if policy.use_peft:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, lora_config(policy))
+    model.train()
+    if policy.disable_dropout:  # after the adapter is in: its dropout too
+        for module in model.modules():
             if isinstance(module, torch.nn.Dropout):
                 module.p = 0.0
             if hasattr(module, "attention_dropout") and isinstance(module.attention_dropout, float):
                 module.attention_dropout = 0.0
-    if policy.beta > 0:
+    policy.model = model
+    if policy.beta > 0 and not policy.use_peft:  # a LoRA policy's reference is its base, adapter off
         with quiet_local_load(source):
             ref = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **hub).eval()
         ref.requires_grad_(False)
         policy.attach_reference(ref)
+
+
+def lora_config(policy: PolicyModule):
+    """The ``peft.LoraConfig`` of a ``use_peft`` policy (``lora_*`` options; task ``CAUSAL_LM``)."""
+    from peft import LoraConfig
+
+    return LoraConfig(task_type="CAUSAL_LM", r=policy.lora_r, lora_alpha=policy.lora_alpha,
+                      lora_dropout=policy.lora_dropout, target_modules=policy.lora_target_modules,
+                      modules_to_save=policy.lora_modules_to_save)
+
+
+def plan_shapes(policies: dict[str, PolicyModule]) -> tuple[dict, list[str]]:
+    """Each policy's :class:`~mrl_lightning.mwra.plan.ModelShape` for the resource plan, from its config alone.
+
+    For a ``use_peft`` policy the adapter is put on the model built on the meta device (no
+    memory, no weights), which counts its trainable parameters and shows whether the
+    ``lora_target_modules`` exist, before any weight is loaded.
+
+    Returns:
+        Policy name -> shape (None when the config cannot be read), and the config errors found.
+    """
+    from mrl_lightning.mwra.plan import model_shape
+
+    shapes, errors = {}, []
+    for name, policy in policies.items():
+        config = model_config(policy)
+        shapes[name] = shape = model_shape(config) if config is not None else None
+        if shape is None or not policy.use_peft:
+            continue
+        trainable, error = _meta_adapter(policy, config)
+        if error:
+            errors.append(error)
+        else:
+            shape.trainable = trainable
+    return shapes, errors
+
+
+def _meta_adapter(policy: PolicyModule, config) -> tuple[int, str | None]:
+    """``(trainable parameters, error)`` of the policy's adapter on its model built on the meta device."""
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+    from transformers.pytorch_utils import Conv1D
+
+    with torch.device("meta"):
+        base = AutoModelForCausalLM.from_config(config)
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in base.named_modules()
+                         if isinstance(m, (torch.nn.Linear, Conv1D))})
+        try:
+            model = get_peft_model(base, lora_config(policy))
+        except ValueError as exc:
+            return 0, (f"policy {policy.policy_name!r}: lora_target_modules={policy.lora_target_modules!r} does not "
+                       f"fit the model ({str(exc).splitlines()[0]}); its linear layers are {linear}, e.g. "
+                       f"lora_target_modules: {linear[:2]} or all-linear.")
+    return sum(p.numel() for p in model.parameters() if p.requires_grad), None
 
 
 def build_on_rank(system, datamodule, workers, fabric, log, resuming: bool = False) -> dict[str, tuple]:

@@ -5,13 +5,15 @@ device, nothing is loaded), validated, and printed before any model is built (do
 
 Memory estimate per worker (one process), in GiB, documented for what it is:
 
-- each policy it runs: 16 bytes per trainable parameter (fp32 weights, gradients and
-  AdamW's two moments) and 4 more per parameter for a frozen reference model when
-  ``beta > 0``, all resident; plus, for the one policy whose phase runs, the larger of the
+- each policy it runs: 4 bytes per parameter (fp32 weights) and 12 more per *trainable*
+  parameter (gradients and AdamW's two moments: all of them, or a LoRA adapter's), and 4
+  more per parameter for a frozen reference model when ``beta > 0`` (none for LoRA, whose
+  reference is the base with the adapter off), all resident; plus, for the one policy whose phase runs, the larger of the
   activations of one micro-batch (per layer ``34·s·h + 5·a·s²`` bytes per sequence at 16
   bits, Korthikanti et al. 2022, doubled for fp32, with s = max_prompt_length +
-  max_completion_length, an upper bound; plus the kept logits, ``(L + 1)·V`` floats twice)
-  and the KV cache of sampling;
+  max_completion_length, an upper bound; with ``gradient_checkpointing`` each layer keeps
+  only its fp32 input, ``4·s·h``, plus one layer's activations; plus the kept logits,
+  ``(L + 1)·V`` floats twice) and the KV cache of sampling;
 - on the CPU, the process's own footprint measured when the plan is built (Python, torch,
   Lightning, tokenizers: about 0.5-0.7 GB here), which dominates for tiny models.
 
@@ -43,6 +45,7 @@ class ModelShape:
         hidden: Width h.
         layers: Transformer layers.
         heads: Attention heads a.
+        trainable: Parameters the optimizer steps (a LoRA adapter's); None = all of them.
     """
 
     family: str
@@ -51,6 +54,7 @@ class ModelShape:
     hidden: int
     layers: int
     heads: int
+    trainable: int | None = None
 
 
 def model_shape(config) -> ModelShape:
@@ -92,6 +96,8 @@ class PolicyPlacement:
         size_is_bound: ``params`` and ``vocab`` are upper bounds: a recipe trains its tokenizer
             when it is built (after the plan), and may stop below the vocabulary asked for
             (shown as ``<=`` in :func:`format_plan`).
+        memory: The memory options on for this policy (``LoRA r=16 (0.52M trainable)``,
+            ``grad. ckpt``), or ``full`` (every weight trained, activations kept).
     """
 
     policy: str
@@ -106,6 +112,7 @@ class PolicyPlacement:
     memory_gib: float | None
     states_gib: float | None = None
     size_is_bound: bool = False
+    memory: str = "full"
 
 
 def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int) -> dict[str, float]:
@@ -119,9 +126,15 @@ def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int) -> dic
     n = policy.num_generations * prompts_per_rank
     micro = min(policy.micro_batch_size or n, n)
     s = policy.max_prompt_length + policy.max_completion_length
-    states = 16 * shape.params + (4 * shape.params if policy.beta > 0 else 0)
+    trainable = shape.params if shape.trainable is None else shape.trainable
+    adapter = shape.trainable is not None  # a LoRA policy: the reference is the base, no second copy
+    states = 4 * shape.params + 12 * trainable + (4 * shape.params if policy.beta > 0 and not adapter else 0)
     per_layer = 2 * (34 * s * shape.hidden + 5 * shape.heads * s * s)
-    activations = micro * (shape.layers * per_layer + 2 * 4 * (policy.max_completion_length + 1) * shape.vocab)
+    if getattr(policy, "gradient_checkpointing", False):  # each layer's input kept, one layer's activations
+        layers = shape.layers * 4 * s * shape.hidden + per_layer
+    else:
+        layers = shape.layers * per_layer
+    activations = micro * (layers + 2 * 4 * (policy.max_completion_length + 1) * shape.vocab)
     kv_cache = n * s * shape.layers * 2 * shape.hidden * 4
     return {"states": float(states), "activations": float(activations), "kv_cache": float(kv_cache)}
 
@@ -181,8 +194,20 @@ def build_plan(
             states_gib=states / GIB if shape else None,
             # a recipe's sizes are upper bounds until its tokenizer is trained
             size_is_bound=bool(getattr(policies[name], "builds_from_recipe", False)),
+            memory=memory_options(policies[name], shape),
         ))
     return rows
+
+
+def memory_options(policy, shape: ModelShape | None) -> str:
+    """The plan's ``memory`` cell: which of LoRA and gradient checkpointing are on."""
+    parts = []
+    if getattr(policy, "use_peft", False):
+        count = f" ({shape.trainable / 1e6:.2f}M trainable)" if shape is not None and shape.trainable else ""
+        parts.append(f"LoRA r={policy.lora_r}{count}")
+    if getattr(policy, "gradient_checkpointing", False):
+        parts.append("grad. ckpt")
+    return ", ".join(parts) or "full"
 
 
 def worker_memory_gib(rows: list[PolicyPlacement], rank: int, framework_gib: float) -> float:
@@ -266,11 +291,11 @@ def format_plan(rows: list[PolicyPlacement], placement: Placement, framework_gib
         return str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
 
     header = ("policy", "family", "params", "vocab", "ranks", "device", "strategy", "precision", "threads",
-              "est. GiB/worker")
+              "memory", "est. GiB/worker")
     bound = lambda r: "<=" if r.size_is_bound else ""  # noqa: E731
     body = [(r.policy, r.family, "?" if r.params is None else f"{bound(r)}{r.params / 1e6:.2f}M",
              "?" if r.vocab is None else f"{bound(r)}{r.vocab}", ranks_text(r.ranks), r.device, r.strategy, r.precision,
-             str(r.threads), "?" if r.memory_gib is None else f"{r.memory_gib:.3f}") for r in rows]
+             str(r.threads), r.memory, "?" if r.memory_gib is None else f"{r.memory_gib:.3f}") for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731
     out = [f"placement: {placement.mode}, {placement.world_size} worker(s)", line(header),

@@ -43,10 +43,13 @@ request ``seed + g``.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+from torch import Tensor
 
 from mrl_lightning.rollout.base import RolloutBatch, left_pad
 from mrl_lightning.thl import decode_completion
@@ -92,6 +95,40 @@ def weights_key(model: torch.nn.Module, version: int = 0) -> tuple:
     return version, tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
+@contextmanager
+def pushable_parameters(model: torch.nn.Module) -> Iterator[list[tuple[str, Tensor]]]:
+    """``(name, tensor)`` of the weights vLLM holds, under the base model's names.
+
+    A plain model's parameters as they are. For a LoRA (peft) model each adapted layer's
+    weight is sent merged, ``W + alpha / r * B A`` (peft's ``get_delta_weight`` of every active
+    adapter), computed beside the base weight, which is never touched (merging into it and
+    unmerging after every push would let float rounding walk the frozen base away); the names
+    lose peft's ``base_model.model.`` prefix and ``.base_layer`` infix, ``modules_to_save`` give
+    their trained copy, and the adapter's own matrices are not sent: vLLM serves the merged
+    model, no adapter (its LoRA serving loads adapters from files per request, which a push
+    after every optimizer step cannot use).
+    """
+    if not hasattr(model, "peft_config"):
+        yield [(name, p.data) for name, p in model.named_parameters()]
+        return
+    from peft.tuners.lora import LoraLayer
+
+    with torch.no_grad():
+        merged = {}
+        for module_name, module in model.named_modules():
+            if isinstance(module, LoraLayer) and hasattr(module, "base_layer"):
+                delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
+                merged[f"{module_name}.base_layer.weight"] = module.base_layer.weight.data + delta
+        out = []
+        for name, p in model.named_parameters():
+            if ".lora_" in name or ".original_module." in name:
+                continue
+            tensor = merged.get(name, p.data)
+            name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+            out.append((name.replace(".modules_to_save.default.", "."), tensor))
+        yield out
+
+
 class ColocatedVLLM:
     """Backend on an in-process ``vllm.LLM`` (or a double with the same calls).
 
@@ -119,8 +156,9 @@ class ColocatedVLLM:
 
     def push_weights(self, model: torch.nn.Module) -> None:
         runner_model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
-        for name, param in model.named_parameters():  # one tensor at a time: no second copy of the model
-            runner_model.load_weights([(name, param.data)])
+        with pushable_parameters(model) as params:
+            for name, tensor in params:  # one tensor at a time: no second copy of the model
+                runner_model.load_weights([(name, tensor)])
         self.llm.reset_prefix_cache()
 
 
@@ -152,7 +190,12 @@ class ServerVLLM:
         return out
 
     def push_weights(self, model: torch.nn.Module) -> None:
-        self.client.update_model_params(model)
+        if not hasattr(model, "peft_config"):
+            self.client.update_model_params(model)
+        else:  # a LoRA policy: the server holds the base model's names; send the merged weights
+            with pushable_parameters(model) as params:
+                for name, tensor in params:
+                    self.client.update_named_param(name, tensor)
         self.client.reset_prefix_cache()
 
 

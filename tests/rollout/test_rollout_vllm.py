@@ -367,3 +367,26 @@ def test_a_fused_optimizer_step_through_the_update_is_pushed(tiny_lm_dir):
     assert _checksum(llm.hf) != _checksum(policy.model)
     _generate(engine, policy)
     assert engine.pushes == 2 and _checksum(llm.hf) == _checksum(policy.model)
+
+
+def test_a_lora_policys_engine_serves_the_merged_weights_after_a_step(tiny_lm_dir):
+    """vLLM holds the base model's names: a LoRA policy pushes W + alpha / r * B A (every name known to it)."""
+    pytest.importorskip("peft")
+    from lightning.fabric import Fabric
+
+    policy = _policy(tiny_lm_dir, learning_rate=0.5, use_peft=True, lora_r=4, lora_target_modules=["c_attn"])
+    engine, llm = _engine(policy)
+    out = _generate(engine, policy)
+    fabric = Fabric(accelerator="cpu", devices=1)
+    wrapped, opt = fabric.setup(policy.model, policy.configure_optimizers())
+    policy_update(policy, TrainBatch(SimpleNamespace(rollouts=out), torch.randn(len(PROMPTS), G)), wrapped, fabric, opt)
+    _generate(engine, policy)
+    assert engine.pushes == 2
+    import copy
+
+    expected = copy.deepcopy(policy.model).merge_and_unload()
+    assert _checksum(llm.hf) == pytest.approx(_checksum(expected), rel=1e-12)
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_lm_dir))
+    assert _checksum(llm.hf) != pytest.approx(_checksum(base), rel=1e-9)  # the step reached the engine
