@@ -220,13 +220,19 @@ class TinyCausalLM(ModelRecipe):
         return {k: v for k, v in vars(self).items() if k != "cache_dir"}
 
     def cache_key(self, policy, datamodule) -> str:
-        """Hash of recipe, templates, data and library versions."""
+        """Hash of recipe, templates, data and the versions of the libraries that build it.
+
+        torch and transformers shape the model and its training; tokenizers trains the
+        tokenizer, whose merges can change between its releases.
+        """
+        import tokenizers
         import transformers
 
         payload = json.dumps(
             {"recipe": self._args(), "prompt": policy.prompt_template, "completion": policy.completion_template,
              "data": datamodule.fingerprint() if datamodule is not None else None,
              "transformers": transformers.__version__, "torch": torch.__version__,
+             "tokenizers": tokenizers.__version__,
              "v": 2},  # 2: selects on its own validation split, not on the evaluation prompts
             sort_keys=True,
         )

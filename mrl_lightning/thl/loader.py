@@ -9,12 +9,18 @@
 - a hub id (resolved by ``AutoTokenizer.from_pretrained``; offline it needs the hub cache).
 
 The mistral-common files are converted once into Hugging Face fast tokenizers and
-cached under ``$MRL_CACHE_DIR/tokenizers`` (default ``~/.cache/mrl_lightning/tokenizers``).
+cached under ``$MRL_CACHE_DIR/tokenizers`` (default ``~/.cache/mrl_lightning/tokenizers``),
+keyed on the source file's hash and the versions of every library that shapes the
+result (mistral-common, tokenizers, transformers, sentencepiece): :func:`cache_key`.
 Departures from a plain ``from_pretrained``, each for a reason found by testing (docs/thl.md):
 
-- SentencePiece files are copied to ``DIR/tokenizer.model`` first
-  (``LlamaTokenizerFast(vocab_file=".../tokenizer.model.v1")`` silently builds a
-  3-token tokenizer).
+- SentencePiece files are built into fast tokenizers by :mod:`mrl_lightning.thl.spm_fast`
+  from the model's protobuf, not by ``transformers``' converter: that converter gives
+  different ids across the ``transformers`` releases this project admits (5.16-5.23 vs
+  5.24). Each build is checked against SentencePiece's own encoder before it is cached.
+  (Loading the file through ``transformers`` needs it copied to ``DIR/tokenizer.model``:
+  ``LlamaTokenizerFast(vocab_file=".../tokenizer.model.v1")`` silently builds a 3-token
+  tokenizer.)
 - The three Mistral tokenizers add BOS (``<s>``) to every encoded text, as Mistral's
   models and hub tokenizers do; the bare conversions add nothing.
 - Leading-space check: a SentencePiece-style tokenizer whose encoder adds no dummy
@@ -45,7 +51,8 @@ MISTRAL_FILES = {
     "mistral-v3": "mistral_instruct_tokenizer_240323.model.v3",
     "tekken": "tekken_240911.json",
 }
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: SentencePiece files built by spm_fast, not by transformers' converter
+_KEY_LIBRARIES = ("mistral_common", "tokenizers", "transformers", "sentencepiece")
 _MARKER = "mrl_thl_source.json"
 LEADING_SPACE_PROBES = (
     " hello", " 68", "  two spaces", " The answer is 42.", " \u4e2d\u6587", " \n", " a b",
@@ -138,24 +145,32 @@ def _add_bos(tokenizer: Any) -> None:
 
 
 def _convert_mistral(name: str, out_dir: Path) -> None:
-    """Convert one mistral-common file into a saved Hugging Face tokenizer at ``out_dir``."""
-    from transformers import AutoTokenizer
+    """Convert one mistral-common file into a saved Hugging Face tokenizer at ``out_dir``.
+
+    Raises:
+        RuntimeError: If a SentencePiece build encodes a self-check text differently from
+            SentencePiece itself (nothing is cached then).
+    """
+    from mrl_lightning.thl.spm_fast import sentencepiece_mismatches, sentencepiece_to_fast
 
     source = mistral_data_dir() / MISTRAL_FILES[name]
-    with tempfile.TemporaryDirectory() as tmp:
-        if name == "tekken":
-            from transformers.integrations.mistral.tokenizer import (
-                convert_tekken_tokenizer,
-            )
+    if name == "tekken":
+        from transformers.integrations.mistral.tokenizer import convert_tekken_tokenizer  # transformers >= 5.15
 
-            tok = convert_tekken_tokenizer(str(source))
-        else:
-            shutil.copyfile(source, Path(tmp) / "tokenizer.model")
-            tok = AutoTokenizer.from_pretrained(tmp)
-        _add_bos(tok)
-        staged = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{name}-"))
-        tok.save_pretrained(str(staged))
-    (staged / _MARKER).write_text(json.dumps(_marker(name)))
+        tok = convert_tekken_tokenizer(str(source))
+    else:
+        tok = sentencepiece_to_fast(source)
+        wrong = sentencepiece_mismatches(tok, source)
+        if wrong:
+            raise RuntimeError(
+                f"tokenizer {name!r}: the fast tokenizer built from {source.name} encodes {len(wrong)} self-check "
+                f"texts differently from SentencePiece (first: {wrong[0]!r}) with {_versions()}. Nothing was "
+                "cached. Install the versions pyproject.toml names, or report this with that line."
+            )
+    _add_bos(tok)
+    staged = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{name}-"))
+    tok.save_pretrained(str(staged))
+    (staged / _MARKER).write_text(json.dumps(cache_key(name)))
     if out_dir.exists():
         shutil.rmtree(out_dir)
     os.replace(staged, out_dir)
@@ -170,17 +185,41 @@ def _version(module: str) -> str:
         return "unknown"
 
 
+def _versions() -> str:
+    return ", ".join(f"{lib} {_version(lib)}" for lib in _KEY_LIBRARIES)
+
+
 def _cache_is_current(folder: Path, name: str) -> bool:
     try:
         marker = json.loads((folder / _MARKER).read_text())
     except (OSError, ValueError):
         return False
-    return marker == _marker(name)
+    return marker == cache_key(name)
 
 
-def _marker(name: str) -> dict:
-    """What a cached conversion was built from; a mismatch triggers a rebuild."""
-    return {"cache_version": _CACHE_VERSION, "source": MISTRAL_FILES[name], "mistral_common": _version("mistral_common")}
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def cache_key(name: str) -> dict:
+    """What a cached conversion of ``name`` was built from; any difference rebuilds it.
+
+    The source file (name and SHA-256) and the version of every library that shapes the
+    saved files: mistral-common (ships the file), tokenizers (builds and serializes the
+    pipeline), transformers (wraps and saves it; converts Tekken), sentencepiece (parses
+    the model and checks the build).
+
+    Args:
+        name: One of :data:`MISTRAL_FILES`.
+
+    Returns:
+        A JSON-serializable dict, stored next to the cached tokenizer.
+    """
+    source = mistral_data_dir() / MISTRAL_FILES[name]
+    return {"cache_version": _CACHE_VERSION, "source": MISTRAL_FILES[name], "sha256": _sha256(source),
+            **{lib: _version(lib) for lib in _KEY_LIBRARIES}}
 
 
 def load_tokenizer(spec: str, cache_dir: str | os.PathLike | None = None, fix_leading_space_loss: bool = True) -> Any:
@@ -200,6 +239,8 @@ def load_tokenizer(spec: str, cache_dir: str | os.PathLike | None = None, fix_le
         ValueError: If ``spec`` is empty, or names no known tokenizer, folder or hub id
             (the message lists the valid names).
         TypeError: If the loaded tokenizer is not a fast tokenizer.
+        RuntimeError: If a Mistral SentencePiece build disagrees with SentencePiece on its
+            self-check texts (the message names the library versions; nothing is cached).
     """
     from transformers import AutoTokenizer
 

@@ -138,6 +138,21 @@ def test_validation_size_is_part_of_the_cache_key():
     assert keys[0] != keys[1]
 
 
+@pytest.mark.parametrize("library", ["torch", "transformers", "tokenizers"])
+def test_library_versions_are_part_of_the_cache_key(monkeypatch, library):
+    import importlib
+
+    from mrl_lightning.policy import PolicyModule
+    from mrl_lightning.recipes import TinyCausalLM
+
+    data = _data()
+    recipe = TinyCausalLM(warm_start_part="add")
+    policy = PolicyModule(name="tiny", model=recipe)
+    before = recipe.cache_key(policy, data)
+    monkeypatch.setattr(importlib.import_module(library), "__version__", "0.0.0-other")
+    assert recipe.cache_key(policy, data) != before
+
+
 def test_non_positive_validation_size_is_refused():
     from mrl_lightning.errors import ConfigError
     from mrl_lightning.recipes import TinyCausalLM
