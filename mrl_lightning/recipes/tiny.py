@@ -3,17 +3,25 @@
 The embedded default (docs/default.md) needs policies of different families that start good at
 one part of the task and unable to do the other. This recipe:
 
-1. trains a small tokenizer on the task text (``recipes/tokenizers.py``),
-2. builds a 2-layer model of the family from its config (``GPT2Config`` or
-   ``LlamaConfig`` + ``*ForCausalLM(config)``), no hub needed,
+1. trains a small tokenizer on the task text, or takes a real one from the mistral-common
+   wheel at its full vocabulary (``recipes/tokenizers.py``); when the policy renders its
+   prompts through a chat template (``chat_template: true``), gives it the family's chat
+   format: the template, saved with the tokenizer, and its special tokens
+   (``recipes/families.py``). A policy with a plain ``prompt_template`` gets neither, so
+   its tokenizer and model are those the recipe built before it had chat formats;
+2. builds a small model of the family from its config (GPT-2, Llama, Qwen2, Mistral or
+   Phi-3: ``*Config`` + ``*ForCausalLM(config)``), no hub needed; with a chat format whose
+   turn ends with a token of its own, the model's ``generation_config`` lists it in
+   ``eos_token_id`` next to EOS,
 3. warm-starts it by supervised training on ``warm_start_part`` only, with the
    policy's own prompt template and completions retokenized exactly as the policy would
-   receive a peer's text (THL ``retokenize``), until greedy accuracy on that part's
-   *validation* prompts reaches ``warm_start_target`` or ``warm_start_steps`` run out
-   (:func:`warm_start_split`: ``warm_start_val_size`` training prompts per part, set apart
-   before the warm-start, never trained on by it and never an evaluation question; the
-   held-out evaluation prompts are never looked at, so the step-0 evaluation is not
-   selected on); a
+   receive a peer's text (THL ``retokenize``), each completion ending with the token that
+   ends a turn in the policy's format (EOS, or the chat format's end of turn,
+   ``recipes/sft.py``), until greedy accuracy on that part's *validation* prompts reaches
+   ``warm_start_target`` or ``warm_start_steps`` run out (:func:`warm_start_split`:
+   ``warm_start_val_size`` training prompts per part, set apart before the warm-start,
+   never trained on by it and never an evaluation question; the held-out evaluation
+   prompts are never looked at, so the step-0 evaluation is not selected on); a
    warm-start that ends below its target says so in a ``warning:`` line naming the policy,
    the reached accuracy and the target, and records ``target_reached: false`` with the
    same line in ``warm_start.json`` (the line is printed again on every cache hit),
@@ -42,8 +50,8 @@ import torch
 
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.model_source import ModelRecipe
-
-FAMILIES = ("gpt2", "llama")
+from mrl_lightning.recipes.families import CHAT_FORMATS, FAMILIES, apply_chat_format, build_model, chat_corpus_text
+from mrl_lightning.recipes.families import model_config as family_config
 
 
 def default_cache_dir() -> str:
@@ -146,9 +154,16 @@ class TinyCausalLM(ModelRecipe):
     """Recipe for a tiny, optionally warm-started causal LM.
 
     Args:
-        family: "gpt2" (GPT-2 architecture) or "llama" (Llama architecture).
-        tokenizer_kind: "byte_level_bpe", "sentencepiece_bpe" or "char_level".
-        vocab_size: Tokenizer vocabulary size (ignored by char_level).
+        family: The architecture and its chat format: "gpt2", "llama", "qwen2", "mistral" or
+            "phi3" (``recipes/families.py``).
+        tokenizer_kind: Trained on the task text: "byte_level_bpe" (GPT-2 style),
+            "sentencepiece_bpe" (Llama 2 style), "char_level" or "qwen2_bpe" (Qwen2 style);
+            real, from the mistral-common wheel: "mistral_v1" (32,000 tokens), "mistral_v3"
+            (32,768) or "tekken" (131,072). A real vocabulary makes the model far larger and
+            slower on a CPU (2 layers, width 128: 4.5 M parameters at 32,768 tokens, 17.1 M at
+            131,072): use a narrow one (width 64: 2.2 M at 32,768).
+        vocab_size: Vocabulary size a trained BPE is asked for (ignored by char_level and the
+            real kinds).
         hidden_size: Model width.
         num_layers: Transformer layers.
         num_heads: Attention heads.
@@ -220,23 +235,29 @@ class TinyCausalLM(ModelRecipe):
         return {k: v for k, v in vars(self).items() if k != "cache_dir"}
 
     def cache_key(self, policy, datamodule) -> str:
-        """Hash of recipe, templates, data and the versions of the libraries that build it.
-
-        torch and transformers shape the model and its training; tokenizers trains the
-        tokenizer, whose merges can change between its releases.
-        """
+        """Hash of recipe, templates (the chat format and system prompt under ``chat_template``),
+        data and the versions of the libraries that build it (mistral-common's too for a real
+        tokenizer). torch and transformers shape the model and its training; tokenizers trains
+        the tokenizer, whose merges can change between its releases."""
         import tokenizers
         import transformers
 
-        payload = json.dumps(
-            {"recipe": self._args(), "prompt": policy.prompt_template, "completion": policy.completion_template,
-             "data": datamodule.fingerprint() if datamodule is not None else None,
-             "transformers": transformers.__version__, "torch": torch.__version__,
-             "tokenizers": tokenizers.__version__,
-             "v": 2},  # 2: selects on its own validation split, not on the evaluation prompts
-            sort_keys=True,
-        )
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+        from mrl_lightning.recipes.tokenizers import REAL_KINDS
+
+        content = {"recipe": self._args(), "prompt": policy.prompt_template, "completion": policy.completion_template,
+                   "data": datamodule.fingerprint() if datamodule is not None else None,
+                   "transformers": transformers.__version__, "torch": torch.__version__,
+                   "tokenizers": tokenizers.__version__,
+                   "v": 2}  # 2: selects on its own validation split, not on the evaluation prompts
+        if getattr(policy, "chat_template", False):
+            fmt = CHAT_FORMATS[self.family]
+            content["chat"] = {"template": fmt.template, "special_tokens": list(fmt.special_tokens),
+                               "end_of_turn": fmt.end_of_turn, "system_prompt": policy.system_prompt}
+        if self.tokenizer_kind in REAL_KINDS:
+            from importlib.metadata import version
+
+            content["mistral_common"] = version("mistral-common")
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
 
     def materialize(self, policy, datamodule, log: Callable[[str], None] = print,
                     warn_shortfall: bool = True) -> Path:
@@ -285,14 +306,25 @@ class TinyCausalLM(ModelRecipe):
         if self.warm_start_part is not None and self.warm_start_part not in parts:
             raise ValueError(f"TinyCausalLM.warm_start_part={self.warm_start_part!r} is not a data part; "
                              f"valid: {parts}.")
-        corpus = []
+        chat = getattr(policy, "chat_template", False)
+        corpus = []  # under a chat format, its text around the prompt; its special tokens are added whole
         for part in parts:
             for item in datamodule.train_items(part)[:2000]:
-                corpus.append(policy.render_prompt(item) + policy.render_completion(item))
-        train_tokenizer(self.tokenizer_kind, corpus, self.vocab_size, out)
+                user, answer = policy.prompt_template.format(question=item.question), policy.render_completion(item)
+                corpus.append(chat_corpus_text(self.family, user, answer, policy.system_prompt) if chat
+                              else user + answer)
+        root = Path(self.cache_dir or default_cache_dir()).expanduser()
+        tokenizer = train_tokenizer(self.tokenizer_kind, corpus, self.vocab_size, out, cache_dir=root / "tokenizers")
+        stop_ids = None
+        if chat:
+            end_of_turn, eos = apply_chat_format(tokenizer, self.family)
+            stop_ids = None if end_of_turn == eos else [eos, end_of_turn]
+            tokenizer.save_pretrained(str(out))
         tokenizer = AutoTokenizer.from_pretrained(str(out))
         torch.manual_seed(self.seed)
         model = self._model(tokenizer)
+        if stop_ids is not None:  # as chat models list theirs: a turn ends at either
+            model.generation_config.eos_token_id = stop_ids
         report: dict[str, Any] = {"recipe": self._args(), "steps": 0, "accuracy": {}, "seconds": 0.0}
         if self.warm_start_part is not None:
             report.update(self._warm_start(model, tokenizer, policy, datamodule, log))
@@ -301,29 +333,22 @@ class TinyCausalLM(ModelRecipe):
         (out / "warm_start.json").write_text(json.dumps(report, indent=2))
 
     def model_config(self, vocab_size: int | None = None, **token_ids):
-        """The ``transformers`` config this recipe builds (vocabulary ``vocab_size``, default its upper bound)."""
-        from transformers import GPT2Config, LlamaConfig
+        """The ``transformers`` config this recipe builds (vocabulary ``vocab_size``; default the size
+        asked for, or a real tokenizer's own, without a chat format's added tokens)."""
+        from mrl_lightning.recipes.tokenizers import REAL_VOCAB
 
-        vocab = vocab_size or self.vocab_size
+        vocab = vocab_size or REAL_VOCAB.get(self.tokenizer_kind, self.vocab_size)
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
             token_ids.setdefault(key, None)  # the plan's estimate needs none; GPT-2's defaults lie outside V
-        if self.family == "gpt2":
-            return GPT2Config(vocab_size=vocab, n_positions=256, n_embd=self.hidden_size, n_layer=self.num_layers,
-                              n_head=self.num_heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **token_ids)
-        return LlamaConfig(vocab_size=vocab, hidden_size=self.hidden_size, intermediate_size=2 * self.hidden_size,
-                           num_hidden_layers=self.num_layers, num_attention_heads=self.num_heads,
-                           num_key_value_heads=self.num_heads, max_position_embeddings=256,
-                           tie_word_embeddings=True, **token_ids)
+        return family_config(self.family, vocab, self.hidden_size, self.num_layers, self.num_heads, **token_ids)
 
     def _model(self, tokenizer):
-        from transformers import GPT2LMHeadModel, LlamaForCausalLM
-
         cfg = self.model_config(len(tokenizer), bos_token_id=tokenizer.bos_token_id,
                                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-        return GPT2LMHeadModel(cfg) if self.family == "gpt2" else LlamaForCausalLM(cfg)
+        return build_model(cfg)
 
     def _warm_start(self, model, tokenizer, policy, datamodule, log) -> dict[str, Any]:
-        from mrl_lightning.recipes.sft import greedy_accuracy, sft_batches
+        from mrl_lightning.recipes.sft import greedy_accuracy, sft_batches, sft_loss
 
         part = self.warm_start_part
         policy_tok, policy.tokenizer = policy.tokenizer, tokenizer
@@ -336,7 +361,7 @@ class TinyCausalLM(ModelRecipe):
             for step, (ids, attn, labels) in enumerate(
                 sft_batches(policy, items, self.warm_start_batch_size, rng), start=1
             ):
-                loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+                loss = sft_loss(model, ids, attn, labels)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
