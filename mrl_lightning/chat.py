@@ -154,3 +154,13 @@ def encode_rendered(tokenizer, texts: list[str], max_len: int,
             x = [bos] + x[-(max_len - 1):] if bos is not None and x[0] == bos else x[-max_len:]
         out.append(x)
     return out
+
+
+def completion_end_id(tokenizer, chat_template: bool) -> int:
+    """The id a policy's completion ends with: its chat template's end of turn under
+    ``chat_template`` (:func:`end_of_turn_id`), else the tokenizer's EOS.
+
+    Raises:
+        ConfigError: ``chat_template`` and the template has no end-of-turn token.
+    """
+    return end_of_turn_id(tokenizer) if chat_template else tokenizer.eos_token_id

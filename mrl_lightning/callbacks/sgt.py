@@ -1,8 +1,9 @@
 """SuccessGatedTransfer callback: SGT on top of GRPO (``docs/probes.md``).
 
 Thin adapter over :mod:`mrl_lightning.probes.sgt`: reads verified peer SuccessRecords
-from SEE (``ctx.exchange``), retokenizes them behind the receiver's own prompt with
-THL, and adds the transfer loss to the receiver's batch. Requires the ``"exchange"``
+from SEE (``ctx.exchange``), retokenizes them with THL behind the receiver's own prompt
+ids (as its own rollouts had them: BOS and template head kept, truncated alike) and ending
+with the receiver's own end-of-turn token, and adds the transfer loss to the receiver's batch. Requires the ``"exchange"``
 service (``SharedExperienceExchange`` earlier in the list; checked at set-up).
 
 Logged under ``probe/sgt/<policy>/``: ``rescue_set_size`` (prompts), ``transfers``
@@ -239,21 +240,24 @@ class SuccessGatedTransfer(MRLCallback):
         demos, traces, failures = [], [], 0
         demo_rows: dict[int, list[float]] = {}  # row -> its demos' verifier rewards, in demo order
         demo_texts: dict[int, list[str]] = {}  # row -> its demos' texts, in demo order
+        end = policy.end_of_turn_id if chosen else None  # a demo ends as the receiver's own completions do
         for b, texts in chosen.items():
             for text in texts:
                 source = source_of[(items[b].prompt_id, text)]
                 rollout = traces_by_key.get((items[b].prompt_id, source, text))
                 if rollout is not None:  # the source's tokens are known: map the full trace (THL residual)
                     trace = transfer_trace(system.policies[source].tokenizer, rollout.token_ids, rollout.logprobs,
-                                           policy.tokenizer, batch.scored.prompt_texts[b], text, add_eos=True)
+                                           policy.tokenizer, batch.scored.prompt_texts[b], text, add_eos=True,
+                                           eos_id=end)
                     traces.append(trace)
                     r = trace.retokenized
                 else:
-                    r = retokenize(policy.tokenizer, batch.scored.prompt_texts[b], text, add_eos=True)
+                    r = retokenize(policy.tokenizer, batch.scored.prompt_texts[b], text, add_eos=True, eos_id=end)
                 if not r.round_trip_ok:
                     failures += 1
                     continue
-                demos.append((r.prompt_ids[-policy.max_prompt_length:], r.completion_ids))
+                # behind the receiver's own prompt ids: rendered, encoded and truncated as its own rollouts were
+                demos.append((batch.scored.own_prompt_ids(b), r.completion_ids))
                 demo_rows.setdefault(b, []).append(reward_of[(items[b].prompt_id, text)])
                 demo_texts.setdefault(b, []).append(text)
         if traces:

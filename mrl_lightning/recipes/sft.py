@@ -14,20 +14,17 @@ from collections.abc import Iterator
 
 import torch
 
-from mrl_lightning.chat import end_of_turn_id
+from mrl_lightning.chat import completion_end_id as chat_completion_end_id
 from mrl_lightning.thl import decode_completion, retokenize
 
 
 def completion_end_id(policy) -> int:
-    """The id a completion of ``policy`` ends with: its chat template's end of turn under
-    ``chat_template``, else the tokenizer's EOS.
+    """The id a completion of ``policy`` ends with (:func:`mrl_lightning.chat.completion_end_id`).
 
     Raises:
         ConfigError: ``chat_template`` and the template has no end-of-turn token.
     """
-    if getattr(policy, "chat_template", False):
-        return end_of_turn_id(policy.tokenizer)
-    return policy.tokenizer.eos_token_id
+    return chat_completion_end_id(policy.tokenizer, getattr(policy, "chat_template", False))
 
 
 def encode_example(policy, prompt_text: str, completion_text: str) -> tuple[list[int], list[int]]:

@@ -34,10 +34,13 @@ def _success(pid: str, step: int, text: str = " 46", source: str = "peer") -> Su
 def _compose(probe, exchange, tokenizer, step: int, own: dict[str, bool]) -> dict[str, float]:
     """One on_compose_batch for receiver "me" at ``step``; ``own[pid]`` = it solved pid itself."""
     trainer = SimpleNamespace(exchange=exchange, rollout_step=step)
-    policy = SimpleNamespace(policy_name="me", tokenizer=tokenizer, max_prompt_length=64)
+    policy = SimpleNamespace(policy_name="me", tokenizer=tokenizer, max_prompt_length=64,
+                             end_of_turn_id=tokenizer.eos_token_id)
     items = [PromptItem(pid, "q", "a", "add", {}) for pid in own]
     success = torch.tensor([[solved, False] for solved in own.values()])
-    scored = SimpleNamespace(items=items, success=success, prompt_texts=["12 + 34?\nAnswer:"] * len(items))
+    prompt = "12 + 34?\nAnswer:"
+    scored = SimpleNamespace(items=items, success=success, prompt_texts=[prompt] * len(items),
+                             own_prompt_ids=lambda b: tokenizer(prompt)["input_ids"])
     batch = TrainBatch(scored=scored, advantages=torch.zeros(len(items), 2))
     probe.on_compose_batch(trainer, None, policy, batch)
     return batch.metrics

@@ -34,7 +34,7 @@ def sampled(tiny_lm):
 def test_shared_prefill_samples_the_same_tokens_with_the_same_log_probs(sampled):
     shared, plain = sampled[True], sampled[False]
     assert torch.equal(shared.completion_ids, plain.completion_ids)
-    assert set(plain.finish_reasons) == {"eos", "length"}  # rows end early: pads follow EOS
+    assert set(plain.finish_reasons) == {"stop", "length"}  # rows end early: pads follow EOS
     torch.testing.assert_close(shared.old_logprobs, plain.old_logprobs, rtol=1e-5, atol=1e-5)
 
 
