@@ -354,9 +354,7 @@ class MRLTrainer:
         return metrics
 
     def _run_seed(self) -> int:
-        if self.seed is not None:
-            return int(self.seed)
-        return int(os.environ.get("PL_GLOBAL_SEED", 0))
+        return int(self.seed) if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
 
     def _evaluate(self, model, datamodule) -> None:
         w = self.workers
