@@ -6,7 +6,9 @@ any model is built, and for a recipe's tokenizer once the recipe has made it:
 - :func:`source_errors`: a ``model`` / ``tokenizer`` folder that does not exist, a hub id
   that cannot be reached offline (:mod:`mrl_lightning.hub`), a tokenizer that
   :func:`tokenizer_errors` rejects (no EOS, no pad token, a missing chat template);
-- :func:`template_errors`: a ``str.format`` template without its one field.
+- :func:`template_errors`: a ``str.format`` template without its one field;
+- :func:`position_errors`: ``max_prompt_length + max_completion_length`` beyond the model's
+  positions (read from a recipe's config or a local folder's ``config.json``).
 
 Two things can make a policy unable to see its question, and neither raises on its own:
 
@@ -30,7 +32,7 @@ from types import SimpleNamespace
 
 from mrl_lightning.chat import chat_template_errors
 from mrl_lightning.hub import HubUnreachableError, hub_load_kwargs
-from mrl_lightning.model_source import looks_local
+from mrl_lightning.model_source import ModelRecipe, looks_local
 
 PROBE_QUESTIONS = ("What is 12 + 7?", "Name the capital of France, in one word.")
 
@@ -175,6 +177,36 @@ def tokenizer_errors(policy, source: str) -> list[str]:
     if errors:
         policy.tokenizer = None
     return errors
+
+
+def position_errors(policy) -> list[str]:
+    """A prompt plus completion longer than the model's positions (a recipe's config, or a local
+    folder's ``config.json``; hub ids are not read here).
+
+    Returns:
+        Error messages naming the fields, the values and the fix (empty when they fit or the
+        positions are unknown).
+    """
+    import json
+
+    source, positions, fix = policy.model_source, None, "a model with more positions"
+    if isinstance(source, ModelRecipe):
+        try:
+            config = source.model_config()
+        except Exception:  # noqa: BLE001 - the recipe reports its own errors when it builds
+            return []
+        positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+        key = "n_positions" if getattr(config, "model_type", "") == "gpt2" else "max_position_embeddings"
+        fix = f"the recipe's config_overrides: {{{key}: {policy.max_prompt_length + policy.max_completion_length}}}"
+    elif isinstance(source, str) and looks_local(source) and (Path(source).expanduser() / "config.json").is_file():
+        config = json.loads((Path(source).expanduser() / "config.json").read_text())
+        positions = config.get("max_position_embeddings") or config.get("n_positions")
+    total = policy.max_prompt_length + policy.max_completion_length
+    if positions and total > positions:
+        return [f"policy {policy.policy_name!r}: max_prompt_length={policy.max_prompt_length} + "
+                f"max_completion_length={policy.max_completion_length} = {total} tokens, but the model takes "
+                f"{positions} positions. Lower them, or give {fix}."]
+    return []
 
 
 def memory_option_errors(where: str, policy) -> list[str]:
