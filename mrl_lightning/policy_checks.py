@@ -7,8 +7,8 @@ any model is built, and for a recipe's tokenizer once the recipe has made it:
   that cannot be reached offline (:mod:`mrl_lightning.hub`), a tokenizer that
   :func:`tokenizer_errors` rejects (no EOS, no pad token, a missing chat template);
 - :func:`template_errors`: a ``str.format`` template without its one field;
-- :func:`position_errors`: ``max_prompt_length + max_completion_length`` beyond the model's
-  positions (read from a recipe's config or a local folder's ``config.json``).
+- :func:`position_errors`: ``max_prompt_length + max_completion_length`` beyond the positions
+  of the model a recipe builds.
 
 Two things can make a policy unable to see its question, and neither raises on its own:
 
@@ -180,32 +180,27 @@ def tokenizer_errors(policy, source: str) -> list[str]:
 
 
 def position_errors(policy) -> list[str]:
-    """A prompt plus completion longer than the model's positions (a recipe's config, or a local
-    folder's ``config.json``; hub ids are not read here).
+    """A prompt plus completion longer than the positions of the model a recipe builds (read from the
+    recipe's config; a folder's or hub id's model is not read here).
 
     Returns:
         Error messages naming the fields, the values and the fix (empty when they fit or the
-        positions are unknown).
+        model is not a recipe's).
     """
-    import json
-
-    source, positions, fix = policy.model_source, None, "a model with more positions"
-    if isinstance(source, ModelRecipe):
-        try:
-            config = source.model_config()
-        except Exception:  # noqa: BLE001 - the recipe reports its own errors when it builds
-            return []
-        positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-        key = "n_positions" if getattr(config, "model_type", "") == "gpt2" else "max_position_embeddings"
-        fix = f"the recipe's config_overrides: {{{key}: {policy.max_prompt_length + policy.max_completion_length}}}"
-    elif isinstance(source, str) and looks_local(source) and (Path(source).expanduser() / "config.json").is_file():
-        config = json.loads((Path(source).expanduser() / "config.json").read_text())
-        positions = config.get("max_position_embeddings") or config.get("n_positions")
+    source = policy.model_source
+    if not isinstance(source, ModelRecipe):
+        return []
+    try:
+        config = source.model_config()
+    except Exception:  # noqa: BLE001 - the recipe reports its own errors when it builds
+        return []
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     total = policy.max_prompt_length + policy.max_completion_length
     if positions and total > positions:
+        key = "n_positions" if getattr(config, "model_type", "") == "gpt2" else "max_position_embeddings"
         return [f"policy {policy.policy_name!r}: max_prompt_length={policy.max_prompt_length} + "
                 f"max_completion_length={policy.max_completion_length} = {total} tokens, but the model takes "
-                f"{positions} positions. Lower them, or give {fix}."]
+                f"{positions} positions. Lower them, or give the recipe config_overrides: {{{key}: {total}}}."]
     return []
 
 
