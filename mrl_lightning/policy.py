@@ -108,6 +108,11 @@ class PolicyModule(pl.LightningModule):
             or ``all-linear``; null = peft's default for the architecture (TRL ``lora_target_modules``).
         lora_modules_to_save: Modules trained in full next to the adapter, e.g. ``[lm_head]``
             (TRL ``lora_modules_to_save``).
+        fsdp: Shard this policy's parameters, gradients and optimizer state over its group of
+            ranks with FSDP2 (``fully_shard`` on the group's device mesh; docs/mwra.md, "Memory per
+            policy"); needs a group of 2 or more ranks in the disjoint placement. Every forward is
+            then one plain pass per row set (no shared prompt pass: every rank must make the same
+            number of calls into the sharded model).
         gradient_checkpointing: Recompute each layer's activations in the backward pass instead of
             keeping them (transformers' own, non-reentrant; TRL ``gradient_checkpointing``): the
             update holds one layer's activations at a time, and scores each row over prompt +
@@ -169,6 +174,7 @@ class PolicyModule(pl.LightningModule):
         lora_target_modules: list[str] | str | None = None,
         lora_modules_to_save: list[str] | None = None,
         gradient_checkpointing: bool = False,
+        fsdp: bool = False,
     ) -> None:
         super().__init__()
         self.policy_name = name
@@ -200,7 +206,7 @@ class PolicyModule(pl.LightningModule):
         self.vllm_importance_sampling_clip_min = vllm_importance_sampling_clip_min
         self.use_peft, self.lora_r, self.lora_alpha, self.lora_dropout = use_peft, lora_r, lora_alpha, lora_dropout
         self.lora_target_modules, self.lora_modules_to_save = lora_target_modules, lora_modules_to_save
-        self.gradient_checkpointing = gradient_checkpointing
+        self.gradient_checkpointing, self.fsdp = gradient_checkpointing, fsdp
         self.model: torch.nn.Module | None = None
         self.tokenizer = None
         self._ref_model: list[torch.nn.Module] = []  # kept out of state_dict: rebuilt from the same weights
@@ -374,7 +380,8 @@ class PolicyModule(pl.LightningModule):
         """
         model = self.model if model is None else model
         logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                   share_prompts=self.share_prompt_forward and not self.gradient_checkpointing,
+                                   share_prompts=self.share_prompt_forward and not (self.gradient_checkpointing
+                                                                                   or self.fsdp),
                                    ).float() / self.temperature
         logz = torch.logsumexp(logits, dim=-1)
         logp = torch.gather(logits, 2, completion_ids.unsqueeze(-1)).squeeze(-1) - logz

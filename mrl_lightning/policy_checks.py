@@ -225,6 +225,12 @@ def memory_option_errors(where: str, policy) -> list[str]:
         errors.append(f"{where}: lora_alpha={policy.lora_alpha} must be > 0 (e.g. 2 * lora_r).")
     if not 0.0 <= policy.lora_dropout < 1.0:
         errors.append(f"{where}: lora_dropout={policy.lora_dropout} must be in [0, 1).")
+    if policy.fsdp and policy.use_peft:
+        errors.append(f"{where}: fsdp=true with use_peft=true is not supported (a sharded LoRA adapter); use one "
+                      "of them (LoRA alone keeps the frozen base unsharded, FSDP alone shards every weight).")
+    if policy.fsdp and policy.rollout_engine == "vllm":
+        errors.append(f"{where}: fsdp=true with rollout_engine=vllm is not supported (the engine's weight push "
+                      "needs the full weights); use rollout_engine: hf with FSDP, or LoRA to fit the policy.")
     return errors
 
 

@@ -35,6 +35,7 @@ from mrl_lightning.errors import ConfigError
 from mrl_lightning.metrics import Global, Max, window_reduce
 from mrl_lightning.mwra import PLACEMENTS, Workers, build_placement, stream_seed
 from mrl_lightning.mwra.plan import peak_memory_gib, plan_resources
+from mrl_lightning.mwra.sharding import sharding_errors
 from mrl_lightning.mwra.strategy import PolicyGroupsStrategy
 from mrl_lightning.objectives.aux_share import term_names
 from mrl_lightning.progress import RunProgress, done_line, interrupted_line
@@ -135,8 +136,8 @@ class MRLTrainer:
         for key, value in (("max_steps", max_steps), ("log_every_n_steps", log_every_n_steps),
                            ("eval_every_n_steps", eval_every_n_steps), ("keep_checkpoints", keep_checkpoints),
                            ("devices", devices), ("num_nodes", num_nodes)):
-            if value < 1:
-                errors.append(f"trainer.{key}={value} must be >= 1.")
+            if not isinstance(value, int) or value < 1:
+                errors.append(f"trainer.{key}={value!r} must be an integer >= 1.")
         if eval_num_generations < 0:
             errors.append(f"trainer.eval_num_generations={eval_num_generations} must be >= 0 (0 = greedy only).")
         if checkpoint_every_n_steps < 0:
@@ -221,6 +222,7 @@ class MRLTrainer:
         if checkpoint is not None:
             check_compatible(checkpoint, list(model.policies), self.max_steps)
         shapes, errors = plan_shapes(dict(model.policies))  # configs only (LoRA on the meta device)
+        errors += sharding_errors(placement, dict(model.policies), datamodule.batch_size)
         if errors:
             raise ConfigError("Invalid policy config:\n  - " + "\n  - ".join(errors))
         plan_text, threads = plan_resources(placement, shapes, dict(model.policies), datamodule.batch_size,
@@ -294,11 +296,9 @@ class MRLTrainer:
     def training_step(self, model, datamodule) -> dict[str, float]:
         """One training step of every policy this rank runs (docs/loop.md); returns this rank's scalars of it.
 
-        Rollouts (this rank's shard of the prompts, per policy) -> the exchange point
-        (``on_rollouts_end``) -> per policy: the batch with plain GRPO advantages, the probes
-        (``on_compose_batch``), the group's loss normalizers and term names, the update
-        (:func:`mrl_lightning.update.policy_update`). Scalars are combined over ranks once per
-        log window (:meth:`_loop`), each by its kind (:mod:`mrl_lightning.metrics`).
+        Rollouts (this rank's shard, per policy) -> ``on_rollouts_end`` -> per policy: plain GRPO
+        advantages, ``on_compose_batch``, the group's normalizers and term names, the update
+        (:func:`mrl_lightning.update.policy_update`); docs/architecture.md has the order.
         """
         w = self.workers
         start = time.perf_counter()
@@ -338,8 +338,8 @@ class MRLTrainer:
                     batch.group_terms = w.group_terms(name, term_names(batch.aux_losses))
             with w.phase("update"):
                 wrapped, opt = self._modules[name]
-                metrics.update(policy_update(policy, batch, wrapped, self.fabric, opt,
-                                             reduce_gradients=partial(w.reduce_gradients, name)))
+                reduce = None if policy.fsdp else partial(w.reduce_gradients, name)  # FSDP reduces in backward
+                metrics.update(policy_update(policy, batch, wrapped, self.fabric, opt, reduce_gradients=reduce))
             metrics.update(batch.metrics)
             metrics[f"train/{name}/update_time_s"] = metrics[f"mwra/{name}/update_s"] = time.perf_counter() - t0
         self.global_step += 1
@@ -354,9 +354,7 @@ class MRLTrainer:
         return metrics
 
     def _run_seed(self) -> int:
-        if self.seed is not None:
-            return int(self.seed)
-        return int(os.environ.get("PL_GLOBAL_SEED", 0))
+        return int(self.seed) if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
 
     def _evaluate(self, model, datamodule) -> None:
         w = self.workers

@@ -125,11 +125,11 @@ class PolicyPlacement:
     checkpoint_gib: float = 0.0
 
 
-def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int) -> dict[str, float]:
+def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int, shards: int = 1) -> dict[str, float]:
     """One policy's memory terms, bytes (module docstring; docs/mwra.md, "The resource plan").
 
     - ``states``: weights, gradients, optimizer moments and reference model, resident on each
-      worker that runs the policy;
+      worker that runs the policy (1/``shards`` of them for an ``fsdp`` policy);
     - ``activations``: one micro-batch of the update: every layer's activations (Korthikanti
       et al. 2022, an upper bound) plus 5 float32 copies of its completion logits
       ``[micro, L + 1, V]`` (the forward's logits, their tempered copy, logsumexp's
@@ -155,6 +155,8 @@ def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int) -> dic
         shape: The model's shape (:func:`model_shape`).
         policy: The policy (its generation, batch and memory options are read).
         prompts_per_rank: Prompts per step on one of its workers.
+        shards: The ranks an ``fsdp`` policy is sharded over (its checkpoint part is whole:
+            checkpoints hold full tensors).
 
     Returns:
         ``states``, ``activations``, ``kv_cache``, ``tokenizer`` and ``checkpoint``, in bytes.
@@ -169,6 +171,8 @@ def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int) -> dic
     trainable = shape.params if shape.trainable is None else shape.trainable
     adapter = shape.trainable is not None  # a LoRA policy: the reference is the base, no second copy
     states = 4 * shape.params + 12 * trainable + (4 * shape.params if policy.beta > 0 and not adapter else 0)
+    if getattr(policy, "fsdp", False) and shards > 1:  # 1/k of weights, gradients, moments and the reference
+        states /= shards
     # built after the plan (a recipe): not in the footprint measured when the plan is built
     tokenizer = tokenizer_bytes_per_token * shape.vocab if getattr(policy, "tokenizer", None) is None else 0
     per_layer = 2 * (34 * s * shape.hidden + 5 * shape.heads * s * s)
@@ -213,10 +217,13 @@ def checkpoint_gather_gib(rows: list[PolicyPlacement], rank: int) -> float:
     return 3 * parts[0] + sum(parts[1:]) + (world + 1) * max(parts)
 
 
-def policy_memory_parts(shape: ModelShape, policy, prompts_per_rank: int) -> tuple[float, float]:
+def policy_memory_parts(shape: ModelShape, policy, prompts_per_rank: int, shards: int = 1) -> tuple[float, float]:
     """``(states, peak activations)`` of one policy on one worker, bytes: the update's activations
-    or the sampling KV cache, whichever is larger (they do not coexist)."""
-    terms = policy_memory_terms(shape, policy, prompts_per_rank)
+    or the sampling KV cache, whichever is larger (they do not coexist). An ``fsdp`` policy's full
+    weights are gathered for its rollouts: counted with the peak."""
+    terms = policy_memory_terms(shape, policy, prompts_per_rank, shards)
+    if getattr(policy, "fsdp", False) and shards > 1:
+        return terms["states"], max(terms["activations"], terms["kv_cache"]) + 4 * shape.params
     return terms["states"], max(terms["activations"], terms["kv_cache"])
 
 
@@ -260,8 +267,8 @@ def build_plan(
     for name, ranks in placement.groups.items():
         shape = shapes.get(name)
         per_rank = -(-batch_size // len(ranks))
-        states, peak = policy_memory_parts(shape, policies[name], per_rank) if shape else (None, None)
-        terms = policy_memory_terms(shape, policies[name], per_rank) if shape else {}
+        states, peak = policy_memory_parts(shape, policies[name], per_rank, len(ranks)) if shape else (None, None)
+        terms = policy_memory_terms(shape, policies[name], per_rank, len(ranks)) if shape else {}
         rows.append(PolicyPlacement(
             policy=name, family=shape.family if shape else "?", params=shape.params if shape else None,
             vocab=shape.vocab if shape else None, ranks=ranks, device=device, strategy=strategy,
@@ -269,15 +276,15 @@ def build_plan(
             states_gib=states / GIB if shape else None,
             # a recipe's sizes are upper bounds until its tokenizer is trained
             size_is_bound=bool(getattr(policies[name], "builds_from_recipe", False)),
-            memory=memory_options(policies[name], shape),
+            memory=memory_options(policies[name], shape, len(ranks)),
             tokenizer_gib=terms.get("tokenizer", 0.0) / GIB, checkpoint_gib=terms.get("checkpoint", 0.0) / GIB,
         ))
     return rows
 
 
-def memory_options(policy, shape: ModelShape | None) -> str:
-    """The plan's ``memory`` cell: which of LoRA and gradient checkpointing are on."""
-    parts = []
+def memory_options(policy, shape: ModelShape | None, shards: int = 1) -> str:
+    """The plan's ``memory`` cell: which of LoRA, FSDP and gradient checkpointing are on."""
+    parts = [f"FSDP/{shards}"] if getattr(policy, "fsdp", False) else []
     if getattr(policy, "use_peft", False):
         count = f" ({shape.trainable / 1e6:.2f}M trainable)" if shape is not None and shape.trainable else ""
         parts.append(f"LoRA r={policy.lora_r}{count}")

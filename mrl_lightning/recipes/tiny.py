@@ -192,6 +192,11 @@ class TinyCausalLM(ModelRecipe):
             max_position_embeddings: 1024}`` (the recipe's models have 256 positions; GPT-2's are
             ``n_positions``). Width, layers, heads and token ids come from the arguments above
             and the tokenizer. None = the recipe's config (``recipes/families.py``).
+        prebuilt: A folder this recipe wrote before (e.g. shipped with the repository:
+            ``models/default/gpt2``), used instead of building when its ``warm_start.json``
+            records the same recipe, templates and data; otherwise the recipe builds as
+            usual (and says why). The same starting weights on every machine: a warm-start
+            rebuilt on another CPU ends elsewhere (docs/default.md). Not part of the cache key.
 
     Raises:
         ValueError: unknown family / tokenizer kind, non-positive sizes, or config overrides the
@@ -216,6 +221,7 @@ class TinyCausalLM(ModelRecipe):
         seed: int = 0,
         cache_dir: str | None = None,
         config_overrides: dict[str, Any] | None = None,
+        prebuilt: str | None = None,
     ) -> None:
         from mrl_lightning.recipes.tokenizers import TOKENIZER_KINDS
 
@@ -241,7 +247,7 @@ class TinyCausalLM(ModelRecipe):
         self.warm_start_target, self.warm_start_batch_size = warm_start_target, warm_start_batch_size
         self.warm_start_val_size = warm_start_val_size
         self.warm_start_lr, self.eval_every, self.seed = warm_start_lr, eval_every, seed
-        self.cache_dir = cache_dir
+        self.cache_dir, self.prebuilt = cache_dir, prebuilt
         self.config_overrides = dict(config_overrides) if config_overrides else None
 
     @property
@@ -252,7 +258,7 @@ class TinyCausalLM(ModelRecipe):
     def _args(self) -> dict[str, Any]:
         """The arguments that shape the build (no overrides: the keys of a recipe from before they existed)."""
         return {k: v for k, v in vars(self).items()
-                if k != "cache_dir" and not (k == "config_overrides" and v is None)}
+                if k not in ("cache_dir", "prebuilt") and not (k == "config_overrides" and v is None)}
 
     def cache_key(self, policy, datamodule) -> str:
         """Hash of recipe, templates (the chat format and system prompt under ``chat_template``),
@@ -264,20 +270,43 @@ class TinyCausalLM(ModelRecipe):
 
         from mrl_lightning.recipes.tokenizers import REAL_KINDS
 
-        content = {"recipe": self._args(), "prompt": policy.prompt_template, "completion": policy.completion_template,
-                   "data": datamodule.fingerprint() if datamodule is not None else None,
-                   "transformers": transformers.__version__, "torch": torch.__version__,
-                   "tokenizers": tokenizers.__version__,
-                   "v": 2}  # 2: selects on its own validation split, not on the evaluation prompts
-        if getattr(policy, "chat_template", False):
-            fmt = CHAT_FORMATS[self.family]
-            content["chat"] = {"template": fmt.template, "special_tokens": list(fmt.special_tokens),
-                               "end_of_turn": fmt.end_of_turn, "system_prompt": policy.system_prompt}
+        content = {**self.identity(policy, datamodule), "transformers": transformers.__version__,
+                   "torch": torch.__version__, "tokenizers": tokenizers.__version__}
         if self.tokenizer_kind in REAL_KINDS:
             from importlib.metadata import version
 
             content["mistral_common"] = version("mistral-common")
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+    def identity(self, policy, datamodule) -> dict[str, Any]:
+        """What the built folder is, apart from the libraries: recipe, templates (the chat format
+        and system prompt under ``chat_template``) and data (recorded in ``warm_start.json``)."""
+        content = {"recipe": self._args(), "prompt": policy.prompt_template, "completion": policy.completion_template,
+                   "data": datamodule.fingerprint() if datamodule is not None else None,
+                   "v": 2}  # 2: selects on its own validation split, not on the evaluation prompts
+        if getattr(policy, "chat_template", False):
+            fmt = CHAT_FORMATS[self.family]
+            content["chat"] = {"template": fmt.template, "special_tokens": list(fmt.special_tokens),
+                               "end_of_turn": fmt.end_of_turn, "system_prompt": policy.system_prompt}
+        return content
+
+    def _prebuilt_folder(self, policy, datamodule, log) -> Path | None:
+        """``prebuilt`` when it holds this recipe's build (same :meth:`identity`), else None (logged why)."""
+        if self.prebuilt is None:
+            return None
+        folder = Path(self.prebuilt).expanduser()
+        report_file = folder / "warm_start.json"
+        name = policy.policy_name
+        if not report_file.is_file():
+            log(f"[{name}] prebuilt={str(folder)!r} holds no warm_start.json (run from the repository root for a "
+                "relative path); building the model instead.")
+            return None
+        recorded = json.loads(report_file.read_text()).get("identity")
+        if recorded != json.loads(json.dumps(self.identity(policy, datamodule))):
+            log(f"[{name}] prebuilt={str(folder)!r} was built from other recipe, template or data settings; "
+                "building the model for these instead.")
+            return None
+        return folder
 
     def materialize(self, policy, datamodule, log: Callable[[str], None] = print,
                     warn_shortfall: bool = True) -> Path:
@@ -306,7 +335,13 @@ class TinyCausalLM(ModelRecipe):
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
         try:
-            self._build(policy, datamodule, tmp, log)
+            prebuilt = self._prebuilt_folder(policy, datamodule, log)
+            if prebuilt is not None:  # the same weights on every machine (docs/default.md)
+                shutil.rmtree(tmp)
+                shutil.copytree(prebuilt, tmp)
+                log(f"[{policy.policy_name}] warm-started model taken from {prebuilt} (prebuilt)")
+            else:
+                self._build(policy, datamodule, tmp, log)
             if final.exists():  # another process finished first
                 shutil.rmtree(tmp)
             else:
@@ -345,7 +380,8 @@ class TinyCausalLM(ModelRecipe):
         model = self._model(tokenizer)
         if stop_ids is not None:  # as chat models list theirs: a turn ends at either
             model.generation_config.eos_token_id = stop_ids
-        report: dict[str, Any] = {"recipe": self._args(), "steps": 0, "accuracy": {}, "seconds": 0.0}
+        report: dict[str, Any] = {"recipe": self._args(), "identity": self.identity(policy, datamodule), "steps": 0,
+                                  "accuracy": {}, "seconds": 0.0}
         if self.warm_start_part is not None:
             report.update(self._warm_start(model, tokenizer, policy, datamodule, log))
         save_model(model, out)

@@ -370,8 +370,11 @@ class HFGenerateEngine:
                     u_ids, u_mask = left_pad(prompt_ids, tokenizer.pad_token_id)
                     prefix = shared_prefix_cache(model, u_ids.to(device), u_mask.to(device), num_generations)
                 with _quiet_padding_warning():
+                    # synced_gpus off: transformers turns it on for an FSDP model and then all-reduces on the
+                    # default group at every token, which hangs when the policy's group is not every rank;
+                    # a sharded policy generates from its full weights (mwra/sharding.py full_weights)
                     out = model.generate(input_ids=ids, attention_mask=mask.long(), generation_config=config,
-                                         logits_processor=processors, **prefix)
+                                         logits_processor=processors, synced_gpus=False, **prefix)
         finally:
             model.train(was_training)
         completion = out.sequences[:, ids.shape[1]:]
