@@ -17,7 +17,7 @@ Memory estimate per worker (one process), in GiB, documented for what it is:
   bound; with ``gradient_checkpointing`` each layer keeps only its fp32 input, ``4·s·h``,
   plus one layer's activations; plus five float32 copies of the completion logits
   ``[micro, L + 1, V]``) and sampling (the KV cache, plus, with the Hugging Face engine,
-  four float32 copies of the ``[N, L, V]`` logits that ``generate`` keeps); on CPU workers
+  two float32 copies of the ``[N, L, V]`` logits that ``generate`` keeps); on CPU workers
   the checkpoint's gather over processes may be larger still (:func:`checkpoint_gather_gib`);
 - on the CPU, the process's own footprint measured when the plan is built (Python, torch,
   Lightning, tokenizers: about 0.5-0.7 GB here), which dominates for tiny models.
@@ -135,11 +135,11 @@ def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int, shards
       ``[micro, L + 1, V]`` (the forward's logits, their tempered copy, logsumexp's
       exponentials, and in the backward the logits' gradient; the first iteration's entropy
       takes a softmax and a product of the same size);
-    - ``kv_cache``: sampling with the Hugging Face engine: the KV cache, plus 4 float32
-      copies of ``[N, L, V]`` logits, since ``generate`` keeps every step's logits and the
-      engine stacks and tempers them to read the sampled tokens' log-probs (at V = 131,072
-      this is most of a sampling worker's peak). A vLLM policy samples in its engine's own
-      memory: only the KV cache term is left;
+    - ``kv_cache``: sampling with the Hugging Face engine: the KV cache, plus 2 float32
+      copies of ``[N, L, V]`` logits: ``generate`` keeps every step's logits, and the engine
+      reads the sampled tokens' log-probs from them one step at a time (at V = 131,072 this is
+      most of a sampling worker's peak). A vLLM policy samples in its engine's own memory:
+      only the KV cache term is left;
     - ``tokenizer``: host memory of the tokenizer when it is not loaded when the plan is built
       (a recipe's, made after the plan; a hub or folder tokenizer is loaded by the config
       checks and is in the measured footprint): 3.5 KiB per vocabulary entry. Every worker
@@ -162,7 +162,7 @@ def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int, shards
         ``states``, ``activations``, ``kv_cache``, ``tokenizer`` and ``checkpoint``, in bytes.
     """
     update_logit_copies = 5    # [micro, L + 1, V] float32 one micro-batch holds at its peak: 4.6-5.1 measured
-    sampling_logit_copies = 4  # [N, L, V] float32 Hugging Face sampling holds at its end: 3.4-3.9 measured
+    sampling_logit_copies = 2  # [N, L, V] float32 Hugging Face sampling holds at its end: 1.0-1.6 measured
     tokenizer_bytes_per_token = 3584  # a fast tokenizer + THL's byte table: 1.7 KiB (Tekken) - 3.3 KiB (Mistral v1)
     n = policy.num_generations * prompts_per_rank
     micro = min(policy.micro_batch_size or n, n)
