@@ -3,7 +3,7 @@ templates, math-verify rewards, SGT) trains two tiny local policies of two famil
 the CLI on a CPU (the command its header and the README give), from the repository root as a fresh clone
 would: no prompt is cut, completions stop at each chat format's end of turn, the console's eval lines
 carry values, and a checkpoint and the evaluation tags are written. The run (both warm-starts built in a
-fresh cache, then 5 steps) took 102-213 s on 2 shared cores (68 s of CPU): marked slow, it runs in CI's second step
+fresh cache, then 5 steps) took 102-265 s on 2 shared cores (68 s of CPU): marked slow, it runs in CI's second step
 (``pytest -m slow``)."""
 
 from __future__ import annotations
