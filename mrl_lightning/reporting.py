@@ -117,7 +117,7 @@ def eval_counts(
         rows = ["| part | prompt | completion | correct |", "|---|---|---|---|"]
         greedy, sampled, per_prompt = {}, {}, {}
         # a sharded policy is gathered once, on every rank of its group, even one with no prompt of a part
-        with full_weights(policy.model):
+        with full_weights(getattr(policy, "model", None)):
             for part, items in eval_items.items():
                 positions = shard_indices(name, len(items))
                 mine = [items[i] for i in positions]

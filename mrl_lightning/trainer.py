@@ -34,7 +34,8 @@ from mrl_lightning.checkpoint import check_compatible, load_checkpoint
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.metrics import Global, Max, window_reduce
 from mrl_lightning.mwra import PLACEMENTS, Workers, build_placement, stream_seed
-from mrl_lightning.mwra.plan import peak_memory_gib, plan_resources
+from mrl_lightning.mwra.plan import plan_resources
+from mrl_lightning.mwra.process import peak_memory_gib
 from mrl_lightning.mwra.sharding import sharding_errors
 from mrl_lightning.mwra.strategy import PolicyGroupsStrategy
 from mrl_lightning.objectives.aux_share import term_names

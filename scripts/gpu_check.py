@@ -13,8 +13,11 @@ for ``--steps`` steps each, in ``bf16-mixed``:
 1. one GPU, colocated (both policies on GPU 0, in turn);
 2. with two GPUs or more: one policy per GPU (``--trainer.devices 2 --trainer.strategy ddp
    --trainer.placement disjoint``);
-3. where ``vllm`` is importable: the vLLM rollout engine check (``scripts/gpu_check_vllm.py``);
-4. chat stops on every engine (HF generate, vLLM colocated, vLLM server on a second GPU) and
+3. the 8-GPU shape of ``configs/gpu_8x.yaml`` at one GPU's size: the first policy a LoRA
+   adapter, with vLLM rollouts where ``vllm`` is importable; with two GPUs, both policies
+   sharded over them (``fsdp: true``, colocated);
+4. where ``vllm`` is importable: the vLLM rollout engine check (``scripts/gpu_check_vllm.py``);
+5. chat stops on every engine (HF generate, vLLM colocated, vLLM server on a second GPU) and
    ``configs/three_families.yaml`` on each engine (``scripts/gpu_check_chat.py``).
 
 Never run on a GPU (no GPU was available while it was written): this script and every check
@@ -82,6 +85,23 @@ def report(name: str, folder: Path, ratio_tolerance: float) -> list[str]:
     return failures
 
 
+def shape_overlay(out: Path, lora: bool, fsdp: bool, vllm: bool) -> Path:
+    """A config stacked on gsm8k_tiny.yaml: its first policy LoRA (peft's default target modules)
+    and/or both sharded (FSDP), and vLLM rollouts on the LoRA policy."""
+    import yaml
+
+    first: dict = {"use_peft": True, "lora_r": 8, "lora_alpha": 16} if lora else {}
+    if fsdp:
+        first["fsdp"] = True
+    if vllm:
+        first.update(rollout_engine="vllm", vllm_gpu_memory_utilization=0.2)
+    policies = [{"class_path": "mrl_lightning.policy.PolicyModule", "init_args": first},
+                {"class_path": "mrl_lightning.policy.PolicyModule", "init_args": {"fsdp": fsdp}}]
+    path = out / f"shape_lora{int(lora)}_fsdp{int(fsdp)}_vllm{int(vllm)}.yaml"
+    path.write_text(yaml.safe_dump({"model": {"policies": policies}}))
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20)
@@ -110,6 +130,15 @@ def main(argv: list[str] | None = None) -> int:
                                        "--trainer.placement", "disjoint"]))
     else:
         print("one GPU: the two-GPU disjoint run is skipped.")
+    # the 8-GPU shape (configs/gpu_8x.yaml) at a size one GPU takes: one policy LoRA, vLLM rollouts
+    # where vllm is importable; with two GPUs, both policies sharded (FSDP) over them
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    runs.append(("gpu_8x_shape_1gpu", ["--config", str(shape_overlay(args.out, lora=True, fsdp=False, vllm=has_vllm)),
+                                       "--trainer.devices", "1"]))
+    if gpus >= 2:
+        runs.append(("fsdp_2gpu", ["--config", str(shape_overlay(args.out, lora=False, fsdp=True, vllm=False)),
+                                   "--trainer.devices", "2", "--trainer.strategy", "ddp",
+                                   "--trainer.placement", "colocated"]))
     for name, extra in runs:
         folder = fit(args.out, name, args.steps, extra, accelerator, precision)
         failures += [f"{name}: run failed"] if folder is None else report(name, folder, args.ratio_tolerance)

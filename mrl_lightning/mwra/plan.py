@@ -30,13 +30,11 @@ fragmentation, the CUDA context (~0.3-0.5 GiB per GPU). The loop logs the measur
 from __future__ import annotations
 
 import os
-import resource
 from dataclasses import dataclass
 
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.mwra.placement import Placement
-
-GIB = 2**30
+from mrl_lightning.mwra.process import GIB, omp_threads, process_rss_bytes
 
 
 @dataclass
@@ -230,15 +228,6 @@ def policy_memory_parts(shape: ModelShape, policy, prompts_per_rank: int, shards
 def policy_memory_bytes(shape: ModelShape, policy, prompts_per_rank: int) -> float:
     """Memory of one policy on one worker while its phase runs, bytes (states + peak activations)."""
     return sum(policy_memory_parts(shape, policy, prompts_per_rank))
-
-
-def process_rss_bytes() -> float:
-    """Resident memory of this process now, bytes (Linux ``/proc/self/statm``; peak RSS elsewhere)."""
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def build_plan(
@@ -442,18 +431,3 @@ def plan_resources(placement: Placement, shapes: dict[str, ModelShape | None], p
                        threads_given=num_threads is not None, batch_size=batch_size,
                        framework_gib=framework, device_memory_gib=memory)
     return format_plan(rows, placement, framework), threads
-
-
-def omp_threads() -> int | None:
-    """``OMP_NUM_THREADS`` as a positive int, or None when unset or not one (threads per worker)."""
-    value = os.environ.get("OMP_NUM_THREADS", "").strip()
-    return int(value) if value.isdigit() and int(value) > 0 else None
-
-
-def peak_memory_gib(device) -> float:
-    """Peak memory of this worker so far: the CUDA allocator's peak on a GPU, else the process's peak RSS."""
-    if device.type == "cuda":
-        import torch
-
-        return torch.cuda.max_memory_allocated(device) / GIB
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
