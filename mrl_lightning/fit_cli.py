@@ -13,6 +13,8 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from mrl_lightning.config_keys import MRLArgumentParser
 from mrl_lightning.data.stream import PromptDataModule
+from mrl_lightning.errors import ConfigError
+from mrl_lightning.preflight import trainer_errors
 from mrl_lightning.system import MutualRL
 from mrl_lightning.trainer import MRLTrainer
 
@@ -49,6 +51,20 @@ class MRLCLI(LightningCLI):
         parser.add_class_arguments(MRLTrainer, "trainer", fail_untyped=False, instantiate=False, sub_configs=True)
         parser.add_lightning_class_args(MutualRL, "model")
         parser.add_lightning_class_args(PromptDataModule, "data", subclass_mode=True)
+
+    def instantiate_classes(self) -> None:
+        """Check the trainer's own values before any class is built, then build them as LightningCLI does.
+
+        The model and data classes are built before the trainer, and the data's may import its
+        libraries (reasoning-gym: about a second); a bad ``--trainer.*`` value is reported
+        without waiting for them (:func:`mrl_lightning.preflight.trainer_errors`).
+        """
+        section = self._get(self.config, "trainer")
+        values = section.as_dict() if hasattr(section, "as_dict") else dict(section or {})
+        errors = trainer_errors(**values)
+        if errors:
+            raise ConfigError("Invalid trainer config:\n  - " + "\n  - ".join(errors))
+        super().instantiate_classes()
 
     def _parse_ckpt_path(self) -> None:
         """Skip LightningCLI's hyper-parameter read of ``--ckpt_path``.

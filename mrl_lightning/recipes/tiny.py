@@ -28,6 +28,7 @@ Budgets are in steps, not wall-clock, so a busy machine changes the time, not th
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -42,6 +43,7 @@ import torch
 
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.model_source import ModelRecipe
+from mrl_lightning.writable import write_problem
 
 FAMILIES = ("gpt2", "llama")
 
@@ -238,6 +240,41 @@ class TinyCausalLM(ModelRecipe):
         )
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
+    def cache_folder(self, policy, datamodule) -> Path:
+        """Where this recipe's model for ``policy`` and ``datamodule`` is (or will be) cached."""
+        root = Path(self.cache_dir or default_cache_dir()).expanduser() / "models"
+        return root / f"{self.family}-{self.tokenizer_kind}-{self.cache_key(policy, datamodule)}"
+
+    def built_folder(self, policy, datamodule) -> Path | None:
+        """The cached folder when an earlier run built it (a cache hit), else None."""
+        folder = self.cache_folder(policy, datamodule)
+        return folder if (folder / "warm_start.json").is_file() else None
+
+    def config_errors(self, policy, datamodule) -> list[str]:
+        """``warm_start_part`` not a part of the data, or a cache miss whose cache folder cannot be written.
+
+        Checked before any model is built (the trainer's config-time checks), so neither is
+        found minutes into a run, or only on the rank that builds this policy.
+        """
+        p, errors = f"policy {policy.policy_name!r}", []
+        parts = [part.name for part in datamodule.parts]
+        if self.warm_start_part is not None and self.warm_start_part not in parts:
+            near = difflib.get_close_matches(self.warm_start_part, parts, n=1, cutoff=0.4)
+            errors.append(f"{p}: TinyCausalLM.warm_start_part={self.warm_start_part!r} is not a part of the data; "
+                          f"the data parts (data.parts names) are {parts}. Set warm_start_part to one of them"
+                          + (f", e.g. {near[0]!r}." if near else "."))
+        elif self.built_folder(policy, datamodule) is None:
+            root = self.cache_folder(policy, datamodule).parent
+            problem = write_problem(root)
+            if problem is not None:
+                field = (f"TinyCausalLM.cache_dir={self.cache_dir!r}" if self.cache_dir else
+                         f"MRL_CACHE_DIR={os.environ['MRL_CACHE_DIR']!r}" if os.environ.get("MRL_CACHE_DIR") else
+                         f"the model cache {str(root.parent)!r} (MRL_CACHE_DIR unset)")
+                errors.append(f"{p}: {field} cannot be written ({problem}), and this recipe's model is not built "
+                              "yet: it is built into the cache. Set MRL_CACHE_DIR (or TinyCausalLM.cache_dir) to a "
+                              "folder you can write.")
+        return errors
+
     def materialize(self, policy, datamodule, log: Callable[[str], None] = print,
                     warn_shortfall: bool = True) -> Path:
         """Return the cached folder, building it first if absent.
@@ -252,8 +289,8 @@ class TinyCausalLM(ModelRecipe):
         Raises:
             ValueError: ``warm_start_part`` is not a part of the data module.
         """
-        root = Path(self.cache_dir or default_cache_dir()).expanduser() / "models"
-        final = root / f"{self.family}-{self.tokenizer_kind}-{self.cache_key(policy, datamodule)}"
+        final = self.cache_folder(policy, datamodule)
+        root = final.parent
         if (final / "warm_start.json").is_file():
             log(f"[{policy.policy_name}] warm-start cache hit: {final}")
             report = json.loads((final / "warm_start.json").read_text())
