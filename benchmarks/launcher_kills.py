@@ -10,11 +10,14 @@ to 30 minutes, reparented to init. What this benchmark does:
 1. Writes the tiny two-family config of the end-to-end tests (``tests/e2e/e2e_configs.py``)
    with a checkpoint every step, the SEE exchange log on (one absolute ``log_path``) and two
    workers (``--trainer.devices 2 --trainer.strategy ddp``, one policy each).
-2. Runs it once without interruption (the reference) and times it.
+2. Runs it for one step (a warm-up that builds the tiny models into the cache, so that the
+   reference's start-up is that of the runs it times), then once without interruption (the
+   reference), and times it.
 3. Runs it again and kills the launcher with SIGKILL ``--kills`` times, each at a moment drawn
    uniformly over the first 90% of the run's expected length (the reference's start-up, then
    its time per step for the steps left), so start-up (imports, parsing, spawning rank 1, the
-   rendezvous, building the models) is hit about as often as training is. Every run starts in
+   rendezvous, building the models) is hit about as often as training is; with
+   ``--training-share p`` a share p of the kills is drawn over the training part only. Every run starts in
    a session of its own; after a kill the session's processes are listed every 50 ms until
    none is left: the time that takes is reported per kill, and a process still alive after
    ``--bound-s`` seconds is a leftover (killed, and the benchmark fails).
@@ -105,8 +108,9 @@ def session_pids(sid: int) -> list[int]:
     return out
 
 
-def start(config: Path, marker: Path, version: str, ckpt: Path | None, log: Path) -> subprocess.Popen:
-    argv = ["fit", "--config", str(config), "--trainer.version", version, *TWO_WORKERS]
+def start(config: Path, marker: Path, version: str, ckpt: Path | None, log: Path,
+          extra: list[str] = ()) -> subprocess.Popen:
+    argv = ["fit", "--config", str(config), "--trainer.version", version, *TWO_WORKERS, *extra]
     if ckpt is not None:
         argv += ["--ckpt_path", str(ckpt)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(E2E), os.environ.get("PYTHONPATH", "")]),
@@ -117,18 +121,31 @@ def start(config: Path, marker: Path, version: str, ckpt: Path | None, log: Path
                             stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def run(out: Path, kills: int, max_steps: int, seed: int, bound_s: float) -> dict:
+def run(out: Path, kills: int, max_steps: int, seed: int, bound_s: float, training_share: float = 0.0) -> dict:
     from mrl_lightning.checkpoint import load_checkpoint
     from mrl_lightning.exchange import read_log, record_key
 
     rng = random.Random(seed)
     out.mkdir(parents=True, exist_ok=True)
-    straight_log, chaos_log = out / "straight.jsonl", out / "chaos.jsonl"
-    root = out / "runs_chaos"
+    straight_log = out / "straight.jsonl"
     straight_cfg = write_config(out, out / "runs", max_steps, straight_log)
-    chaos_cfg = write_config(out, root, max_steps, chaos_log)
+    chains = 0
+
+    def new_chain() -> tuple[Path, Path, Path]:
+        # a run of kills and resumes from step 0; a new one (own folder, log and config) when the last one ended
+        # before `kills` kills (it finished between two kills, or a kill came after its last checkpoint)
+        nonlocal chains
+        chains += 1
+        log = out / f"chaos{chains}.jsonl"
+        return out / f"runs_chaos{chains}", log, write_config(out, out / f"runs_chaos{chains}", max_steps, log)
+
+    root, chaos_log, chaos_cfg = new_chain()
     console = out / "console.log"
 
+    # a warm-up fills the model cache, so the reference's start-up (which times the kills) is a resume's
+    if start(straight_cfg, out / "marker_warmup", "warmup", None, console, ["--trainer.max_steps", "1"]).wait():
+        raise SystemExit(f"the warm-up run failed; see {console}")
+    straight_log.unlink(missing_ok=True)
     t0, startup_s = time.monotonic(), None
     proc = start(straight_cfg, out / "marker_straight", "straight", None, console)
     while proc.poll() is None:
@@ -143,7 +160,7 @@ def run(out: Path, kills: int, max_steps: int, seed: int, bound_s: float) -> dic
     print(f"uninterrupted 2-worker run: {max_steps} steps in {straight_s:.1f} s ({startup_s:.1f} s to the first "
           "rollout)")
 
-    events, attempt, ckpt, resume_step, final = [], 0, None, 0, None
+    events, attempt, ckpt, resume_step, final, finished = [], 0, None, 0, None, []
     while True:
         marker = out / f"marker_{attempt}"
         marker.write_bytes(b"")
@@ -157,7 +174,11 @@ def run(out: Path, kills: int, max_steps: int, seed: int, bound_s: float) -> dic
             break
         # a moment in this run's expected length (start-up, then the steps it has left), its last tenth spared
         expected = startup_s + (straight_s - startup_s) * (max_steps - max(resume_step, 0)) / max_steps
-        at = rng.uniform(0.5, 0.9 * expected)
+        train_s = 0.9 * expected - startup_s
+        if train_s > 1.0 and rng.random() < training_share:  # aimed at training (rollout, update, checkpoint, ...)
+            at = rng.uniform(startup_s, startup_s + train_s)
+        else:
+            at = rng.uniform(0.5, 0.9 * expected)
         deadline = time.monotonic() + at
         while proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.005)
@@ -166,7 +187,11 @@ def run(out: Path, kills: int, max_steps: int, seed: int, bound_s: float) -> dic
                 raise SystemExit(f"run v{attempt} failed on its own (exit {proc.returncode}); see {console}")
             final = root / f"v{attempt}" / "checkpoints" / "last.ckpt"
             print(f"run v{attempt} finished before its kill at {at:.1f} s")
-            break
+            finished.append((final, chaos_log))
+            attempt += 1
+            root, chaos_log, chaos_cfg = new_chain()
+            ckpt, resume_step = None, 0
+            continue
         before = session_pids(proc.pid)
         hit, hit_step = read_marker(marker)
         killed_at = time.monotonic()
@@ -194,21 +219,28 @@ def run(out: Path, kills: int, max_steps: int, seed: int, bound_s: float) -> dic
               f" -> {'resume from step %d' % resume_step if ckpt else 'start over'}")
         attempt += 1
         if ckpt is not None and resume_step >= max_steps:  # killed after its last checkpoint: nothing left to run
-            final = ckpt
-            break
-    diffs = compare(reference, load_checkpoint(final))
+            finished.append((ckpt, chaos_log))
+            if len(events) >= kills:
+                final = ckpt
+                break
+            root, chaos_log, chaos_cfg = new_chain()
+            ckpt, resume_step = None, 0
+    ends = finished + [(final, chaos_log)]  # every chain that reached max_steps, the last one included
+    diffs = [d for done, _ in ends for d in compare(reference, load_checkpoint(done))]
     straight_records = [record_key(r) for r in read_log(str(straight_log))]
+    logs_equal = all([record_key(r) for r in read_log(str(log))] == straight_records for _, log in ends)
     chaos_records = [record_key(r) for r in read_log(str(chaos_log))]
     gone = [e["all_gone_s"] for e in events if e["all_gone_s"] is not None]
     summary = {
-        "command": f"python benchmarks/launcher_kills.py --kills {kills} --max-steps {max_steps} --seed {seed}",
+        "command": f"python benchmarks/launcher_kills.py --kills {kills} --max-steps {max_steps} --seed {seed}"
+                   f" --training-share {training_share}",
         "bound_s": bound_s, "kills": len(events), "uninterrupted_s": round(straight_s, 1),
         "phases_hit": dict(Counter(e["phase_hit"] for e in events)),
         "kills_with_two_processes": sum(e["processes_before"] >= 2 for e in events),
         "leftovers": sum(len(e["leftovers"]) for e in events),
         "max_all_gone_s": max(gone, default=None),
         "final_state_equal": not diffs, "state_differences": diffs[:20],
-        "exchange_log_equal": straight_records == chaos_records,
+        "exchange_log_equal": logs_equal, "chains": chains,
         "exchange_log_records": [len(straight_records), len(chaos_records)],
         "events": events,
     }
@@ -225,10 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-steps", type=int, default=20, help="training steps of the tiny config")
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
     parser.add_argument("--bound-s", type=float, default=60.0, help="seconds a worker may outlive its launcher")
+    parser.add_argument("--training-share", type=float, default=0.0,
+                        help="share of the kills aimed at training only (after the reference's start-up); the "
+                             "others are drawn over the whole run")
     parser.add_argument("--out", type=Path, default=None, help="folder for runs and the summary (default: temp)")
     args = parser.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="mrl_launcher_kills_"))
-    summary = run(out, args.kills, args.max_steps, args.seed, args.bound_s)
+    summary = run(out, args.kills, args.max_steps, args.seed, args.bound_s, args.training_share)
     print(json.dumps({k: v for k, v in summary.items() if k != "events"}, indent=2))
     ok = (summary["kills"] >= args.kills and summary["leftovers"] == 0 and summary["final_state_equal"]
           and summary["exchange_log_equal"])

@@ -161,6 +161,15 @@ def read_run(run_dir: Path) -> tuple[dict[str, dict[str, float]], dict[str, list
         row["weak_rise"] = row["success_weak"] - row["success_weak_start"]
         row["strong_min_ratio"] = (row["success_strong_min"] / row["success_strong_start"]
                                    if row["success_strong_start"] else math.nan)
+        # the control for rescue (mrl_lightning/probes/ledger.py): weak-part re-draws, rescued (under
+        # none: would have been) or not; the last logged value is over the whole run
+        marked = series(f"probe/sgt/{p}/later_solved_share_rescued") or \
+            series(f"probe/none/{p}/later_solved_share_would_be_rescued")
+        unmarked = series(f"probe/sgt/{p}/later_solved_share_not_rescued") or \
+            series(f"probe/none/{p}/later_solved_share_not_rescued")
+        row["later_solved_rescued"] = marked[-1][1] if marked else math.nan
+        row["later_solved_not_rescued"] = unmarked[-1][1] if unmarked else math.nan
+        row["later_solved_gap"] = row["later_solved_rescued"] - row["later_solved_not_rescued"]
         share = [v for _, v in series(f"probe/sgt/{p}/grad_share")]
         row["sgt_grad_share"] = sum(share) / len(share) if share else math.nan
         grad = [v for _, v in series(f"train/{p}/grad_norm")]
@@ -193,9 +202,40 @@ def mean_ci(values: list[float]) -> tuple[float, float]:
 
 SUMMARY_KEYS = ("success_overall", "success_weak", "success_strong", "update_variance", "thl_mass_moved",
                 "thl_boundary_agreement", "prp_ess", "success_weak_start", "success_weak_min", "weak_rise",
-                "success_strong_start", "success_strong_min", "strong_min_ratio", "sgt_grad_share")
-# What the embedded default must show under SGT (docs/default.md, "What it has to show").
-MIN_WEAK_RISE, MIN_STRONG_RATIO = 0.3, 0.85
+                "success_strong_start", "success_strong_min", "strong_min_ratio", "sgt_grad_share",
+                "later_solved_rescued", "later_solved_not_rescued", "later_solved_gap")
+# What the embedded default must show under SGT (docs/default.md, "What it has to show"): the
+# weak part rises on every seed; the strong part, paired with none on the same seed, dips no
+# lower than none's own lowest evaluation minus PAIRED_TOLERANCE.
+MIN_WEAK_RISE, MIN_STRONG_RATIO, PAIRED_TOLERANCE = 0.3, 0.85, 0.03
+PAIRED_KEYS = ("success_strong_min", "success_overall", "success_weak", "later_solved_gap")
+
+
+def paired(rows: list[dict], arm: str = "sgt", control: str = "none") -> list[dict]:
+    """Per policy, the seed-paired differences ``arm - control`` of :data:`PAIRED_KEYS` (mean, 95% interval).
+
+    Paired on the seed: both runs start from the same warm-start and see the same data order,
+    so the difference removes what the seed does to both (GRPO's own dips of the strong part).
+
+    Returns:
+        One row per policy: ``seeds`` (paired), per key ``<key>_diff`` and ``<key>_diff_ci95``,
+        ``<key>_diff_min`` (the smallest difference over the seeds).
+    """
+    out = []
+    for policy in dict.fromkeys(r["policy"] for r in rows if r["arm"] == arm):
+        mine = {r["seed"]: r for r in rows if r["arm"] == arm and r["policy"] == policy}
+        theirs = {r["seed"]: r for r in rows if r["arm"] == control and r["policy"] == policy}
+        seeds = sorted(set(mine) & set(theirs))
+        if not seeds:
+            continue
+        row = {"policy": policy, "seeds": len(seeds)}
+        for key in PAIRED_KEYS:
+            diffs = [mine[s][key] - theirs[s][key] for s in seeds]
+            row[f"{key}_diff"], row[f"{key}_diff_ci95"] = mean_ci(diffs)
+            finite = [d for d in diffs if not math.isnan(d)]
+            row[f"{key}_diff_min"] = min(finite) if finite else math.nan
+        out.append(row)
+    return out
 
 
 def summarize(rows: list[dict], out: Path, meta: dict) -> list[dict]:
@@ -243,7 +283,27 @@ def summarize(rows: list[dict], out: Path, meta: dict) -> list[dict]:
                      f"{cell(r, 'success_weak')} | {cell(r, 'weak_rise')} | {cell(r, 'success_strong_start')} | "
                      f"{cell(r, 'success_strong_min')} | {cell(r, 'success_strong')} | "
                      f"{cell(r, 'strong_min_ratio', 2)} | {cell(r, 'sgt_grad_share', 2)} |")
-    lines += ["", *requirement_lines(rows, summary)]
+    lines += ["", "The control for rescue: of the weak-part prompts drawn again in a later epoch, the share "
+              "the policy's own group solved, for those rescued before (SGT; under none: those SGT would "
+              "have rescued, own group failing while a peer succeeded) and for the others; the gap is "
+              "rescued minus not rescued. Mean ± 95% interval over seeds.", "",
+              "| arm | policy | later solved, rescued | later solved, not rescued | gap |", "|---|---|---|---|---|"]
+    for r in summary:
+        lines.append(f"| {r['arm']} | {r['policy']} | {cell(r, 'later_solved_rescued')} | "
+                     f"{cell(r, 'later_solved_not_rescued')} | {cell(r, 'later_solved_gap')} |")
+    arms = [a for a in dict.fromkeys(r["arm"] for r in rows) if a != "none"]
+    if "none" in {r["arm"] for r in rows} and arms:
+        lines += ["", "Paired on the seed, each arm minus none (mean ± 95% interval; smallest over seeds): the "
+                  "strong part's lowest evaluation, the overall and weak-part success at the end, and the rescue "
+                  "gap above.", "", "| arm | policy | seeds | strong lowest, diff | overall end, diff | "
+                  "weak end, diff | rescue gap, diff |", "|---|---|---|---|---|---|---|"]
+        for arm in arms:
+            for r in paired(rows, arm):
+                cells = [f"{r[f'{k}_diff']:+.3f} ± {r[f'{k}_diff_ci95']:.3f} (min {r[f'{k}_diff_min']:+.3f})"
+                         if not math.isnan(r[f"{k}_diff_ci95"]) else f"{r[f'{k}_diff']:+.3f}" for k in PAIRED_KEYS]
+                lines.append(f"| {arm} | {r['policy']} | {r['seeds']} | " + " | ".join(cells) + " |")
+    for arm in [a for a in arms if a.startswith("sgt")]:
+        lines += ["", *requirement_lines(rows, summary, arm=arm)]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     return summary
 
@@ -269,7 +329,13 @@ def requirement_lines(rows: list[dict], summary: list[dict], arm: str = "sgt", c
                    f"mean {by[(arm, policy)]['weak_rise']:.3f})")
         out.append(f"- {policy}: strong >= {MIN_STRONG_RATIO} x start at every evaluation, every seed: "
                    f"{'PASS' if ratio >= MIN_STRONG_RATIO else 'FAIL'} (smallest min/start {ratio:.3f}, margin "
-                   f"{ratio - MIN_STRONG_RATIO:+.3f})")
+                   f"{ratio - MIN_STRONG_RATIO:+.3f}; not paired: {control}'s own dips count against it)")
+        pair = next((r for r in paired(rows, arm, control) if r["policy"] == policy), None)
+        if pair is not None:
+            worst = pair["success_strong_min_diff_min"]
+            out.append(f"- {policy}: strong part's lowest evaluation no worse than {control}'s on the same seed "
+                       f"(paired, within {PAIRED_TOLERANCE}): {'PASS' if worst >= -PAIRED_TOLERANCE else 'FAIL'} "
+                       f"(worst seed {worst:+.3f}, margin {worst + PAIRED_TOLERANCE:+.3f})")
         if (control, policy) in by:
             a, c = by[(arm, policy)], by[(control, policy)]
             lo_a = a["success_weak"] - (0 if math.isnan(a["success_weak_ci95"]) else a["success_weak_ci95"])

@@ -13,9 +13,14 @@ Selection uses the training rollouts and these numbers on the held-out prompts a
 reported: the arms are compared on screening runs, the default is then checked on more seeds
 with ``benchmarks/probes.py``.
 
+The same runs are also summarized as ``benchmarks/probes.py`` does (``summary.md``: each arm
+paired with ``none`` on the seed, the requirements, the control for rescue).
+
 Usage::
 
     python benchmarks/sgt_arms.py --arms sgt_old none --steps 400 --eval-every 50 --out runs/sgt_arms
+    python benchmarks/sgt_arms.py --arms none sgt_default sgt_sched sgt_adapt --seeds 0 1 2 --steps 2500 \
+        --eval-every 100 --parallel 2 --out runs/sgt_arms_full
     python benchmarks/sgt_arms.py --list
 """
 
@@ -32,12 +37,15 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from probes import REPO, mean_ci, run_all  # noqa: E402
+from probes import REPO, mean_ci, read_run, run_all, summarize  # noqa: E402
 
 SGT_CLASS = "mrl_lightning.callbacks.SuccessGatedTransfer"
 # The SGT settings of configs/default.yaml before this study (lambda 0.3 / 1.0, kappa 0.5).
 OLD = {"lambda_sgt": 0.3, "lambda_per_policy": {"llama": 1.0}, "kappa": 0.5}
 WARMUP = {"warmup_steps": 100}
+# The SGT settings of configs/default.yaml now (callbacks/sgt.yaml), which the moving-bound arms start from.
+SGT_DEFAULT = {"lambda_sgt": 0.3, "lambda_per_policy": {"llama": 1.0}, "kappa": 0.5, "advantage_plus": 1.0,
+               "max_transfers_per_prompt": 1, "max_staleness": None, "receivers": None, "transfer_mode": "nll"}
 WU_KL = {"warmup_steps": 100, "beta": 0.1}
 # arm -> {"probe": callbacks snippet, "sgt": SGT init_args (replacing the config's), "policies": {name: init_args}}
 ARMS: dict[str, dict] = {
@@ -68,6 +76,14 @@ ARMS: dict[str, dict] = {
                                     "llama": {**WARMUP, "learning_rate": 4.0e-4}}},
     "sgt_group_s30_wu": {"sgt": {"lambda_sgt": 1.0, "kappa": 0.5, "transfer_mode": "group", "max_grad_share": 0.3},
                          "policies": {"gpt2": WARMUP, "llama": WARMUP}},
+    # bounds that move (mrl_lightning/probes/sgt.py ShareBound), on the default's settings: a
+    # schedule from 0.3 to 0.6 over the first 1,500 steps, and a bound that stays at 0.6 while the
+    # receiver's strong-part rollouts hold and falls to 0.2 when they drop by 10% of their best
+    # over the first 100 steps (moving average, rate 0.05)
+    "sgt_sched": {"sgt": {**SGT_DEFAULT, "max_grad_share": 0.3, "max_grad_share_final": 0.6,
+                          "max_grad_share_ramp_steps": 1500}},
+    "sgt_adapt": {"sgt": {**SGT_DEFAULT, "max_grad_share": 0.6, "max_grad_share_low": 0.2, "adaptive_drop": 0.1,
+                          "adaptive_ema": 0.05, "adaptive_reference_steps": 100}},
 }
 
 
@@ -99,7 +115,8 @@ def arm_config(arm: str, base: Path, out: Path) -> Path:
     return path
 
 
-def fit_command(config: Path, seed: int, steps: int, eval_every: int, run_dir: Path, placement: str) -> list[str]:
+def fit_command(config: Path, seed: int, steps: int, eval_every: int, run_dir: Path, placement: str,
+                threads: int = 2) -> list[str]:
     """``mrl fit`` for one run: logging every step, checkpoint only at the end."""
     mrl = Path(sys.executable).with_name("mrl")
     cmd = [str(mrl), "fit", "--config", str(config), "--seed_everything", str(seed),
@@ -110,7 +127,7 @@ def fit_command(config: Path, seed: int, steps: int, eval_every: int, run_dir: P
     if placement == "disjoint":  # one process per policy, one thread each
         return cmd + ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.placement", "disjoint",
                       "--trainer.num_threads", "1"]
-    return cmd + ["--trainer.devices", "1", "--trainer.placement", "colocated", "--trainer.num_threads", "2"]
+    return cmd + ["--trainer.devices", "1", "--trainer.placement", "colocated", "--trainer.num_threads", str(threads)]
 
 
 def read_arm_run(run_dir: Path) -> dict[str, dict[str, float]]:
@@ -185,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="disjoint: one process per policy, one thread each (2 cores)")
     parser.add_argument("--config", type=Path, default=REPO / "configs" / "default.yaml")
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "sgt_arms")
+    parser.add_argument("--parallel", type=int, default=1,
+                        help="runs at once; > 1 runs each colocated in one process with one thread (2 cores: 2)")
     parser.add_argument("--list", action="store_true", help="print the arms and exit")
     args = parser.parse_args(argv)
     if args.list:
@@ -203,10 +222,11 @@ def main(argv: list[str] | None = None) -> int:
             if (run_dir / "done.json").is_file():
                 print(f"skip {arm}/seed{seed}: done.json exists")
                 continue
+            placement = "colocated" if args.parallel > 1 else args.placement
             cmd = fit_command(arm_config(arm, args.config, out), seed, args.steps, args.eval_every, run_dir,
-                              args.placement)
+                              placement, threads=1 if args.parallel > 1 else 2)
             jobs.append({"name": f"{arm}/seed{seed}", "dir": run_dir, "cmd": cmd})
-    run_all(jobs, 1, None)
+    run_all(jobs, args.parallel, None)
     rows = []
     for arm in args.arms:
         for seed in args.seeds:
@@ -222,6 +242,12 @@ def main(argv: list[str] | None = None) -> int:
     text = table(rows, meta)
     (out / "arms.md").write_text(text)
     print(text)
+    # The same runs through probes.py's summary: paired criterion against none, the control for rescue.
+    probe_rows = [{"arm": "sgt" if arm == "sgt_default" else arm, "seed": seed, "policy": policy, **values}
+                  for arm in args.arms for seed in args.seeds
+                  for policy, values in read_run(out / "runs" / arm / f"seed{seed}")[0].items()]
+    summarize(probe_rows, out, meta)
+    print((out / "summary.md").read_text())
     return 0
 
 

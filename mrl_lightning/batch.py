@@ -45,6 +45,12 @@ class ScoredRollouts:
     def num_generations(self) -> int:
         return self.rewards.shape[1]
 
+    def own_prompt_ids(self, b: int) -> list[int]:
+        """Prompt ``b``'s token ids as this policy's own rollouts had them (left padding removed):
+        rendered, encoded and truncated by the policy itself, BOS and template head kept."""
+        row = b * self.num_generations
+        return self.rollouts.prompt_ids[row][self.rollouts.prompt_mask[row]].tolist()
+
 
 class AuxiliaryLoss:
     """A loss term a probe adds to a policy's step (SGT's transfer term, PRP's peer term).

@@ -13,6 +13,12 @@ rendered text the usual way then gives two. :func:`encode_rendered` encodes with
 tokenizer's special tokens (as TRL does for rendered prompts) and puts exactly one BOS in
 front when the tokenizer's own convention has one and the text did not bring it, so the
 ids start with one BOS whether the template, the tokenizer, both or neither add it.
+
+End of turn. An instruction model ends its answer with the token its template writes
+after an assistant message: EOS for some (Mistral's ``</s>``), a token of its own for
+others (Llama 3's ``<|eot_id|>``, Qwen2's ``<|im_end|>``, Phi-3's ``<|end|>``), which such
+models list in ``generation_config.json`` next to EOS. :func:`end_of_turn_id` reads it
+from the template itself, so it holds for any tokenizer, not only the recipes' own.
 """
 
 from __future__ import annotations
@@ -62,6 +68,46 @@ def render_chat_prompt(tokenizer, user_message: str, system_prompt: str | None =
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
+_TURN_PROBE = "mrl-end-of-turn-probe"
+
+
+def end_of_turn_id(tokenizer) -> int:
+    """The id of the special token that ends an assistant turn in the tokenizer's chat template.
+
+    Renders a user turn and an assistant turn whose content is a probe text, and takes the
+    first token after the probe (and any whitespace the template writes before it); it must
+    be a special token (EOS, or a marker of the template's own).
+
+    Args:
+        tokenizer: A Hugging Face tokenizer with a ``chat_template``.
+
+    Returns:
+        The token id (``tokenizer.eos_token_id`` for templates that end a turn with EOS).
+
+    Raises:
+        ConfigError: the tokenizer has no chat template, the template drops the assistant's
+            content, or what follows it is not a special token.
+    """
+    errors = chat_template_errors("end_of_turn_id", tokenizer)
+    if errors:
+        raise ConfigError(errors[0])
+    name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "x"}, {"role": "assistant", "content": _TURN_PROBE}], tokenize=False)
+    if _TURN_PROBE not in text:
+        raise ConfigError(f"the chat template of tokenizer {name!r} does not render an assistant message's content "
+                          f"(rendered: {text[-120:]!r}), so no end-of-turn token can be read from it. Use a template "
+                          "that writes assistant turns.")
+    rest = text.split(_TURN_PROBE, 1)[1].lstrip()
+    ids = tokenizer(rest, add_special_tokens=False)["input_ids"] if rest else []
+    special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    if not ids or ids[0] not in special:
+        raise ConfigError(f"the chat template of tokenizer {name!r} ends an assistant turn with {rest[:40]!r}, which "
+                          "does not start with a special token, so a completion has no token to stop at. Give the "
+                          "template an end-of-turn token (e.g. {{ eos_token }} after the assistant's content).")
+    return ids[0]
+
+
 def tokenizer_adds_bos(tokenizer) -> bool:
     """True when the tokenizer's plain encode puts its BOS token first."""
     bos = tokenizer.bos_token_id
@@ -108,3 +154,13 @@ def encode_rendered(tokenizer, texts: list[str], max_len: int,
             x = [bos] + x[-(max_len - 1):] if bos is not None and x[0] == bos else x[-max_len:]
         out.append(x)
     return out
+
+
+def completion_end_id(tokenizer, chat_template: bool) -> int:
+    """The id a policy's completion ends with: its chat template's end of turn under
+    ``chat_template`` (:func:`end_of_turn_id`), else the tokenizer's EOS.
+
+    Raises:
+        ConfigError: ``chat_template`` and the template has no end-of-turn token.
+    """
+    return end_of_turn_id(tokenizer) if chat_template else tokenizer.eos_token_id

@@ -76,7 +76,10 @@ def check_finite_logprobs(policy_name: str, logprobs: torch.Tensor, mask: torch.
 def gradient_norm(params) -> float:
     """Total 2-norm of the gradients of ``params`` (NaN or inf when any entry is); 0 without gradients."""
     grads = [p.grad.detach() for p in params if p.grad is not None]
-    return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+    if not grads:
+        return 0.0
+    norm = torch.nn.utils.get_total_norm(grads)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP: the whole mesh's
 
 
 def skip_nonfinite_update(policy, params) -> bool:

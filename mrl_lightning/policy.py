@@ -19,12 +19,12 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from mrl_lightning.chat import encode_rendered, render_chat_prompt
+from mrl_lightning.chat import completion_end_id, encode_rendered, render_chat_prompt
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.forward import completion_logits
 from mrl_lightning.model_source import ModelRecipe
-from mrl_lightning.objectives.grpo import LOSS_TYPES, SCALE_REWARDS
-from mrl_lightning.policy_checks import memory_option_errors, note_prompt_lengths, source_errors, template_errors
+from mrl_lightning.policy_checks import (grpo_option_errors, memory_option_errors, note_prompt_lengths, source_errors,
+                                         template_errors)
 from mrl_lightning.rollout.options import engine_config_errors
 
 
@@ -108,6 +108,11 @@ class PolicyModule(pl.LightningModule):
             or ``all-linear``; null = peft's default for the architecture (TRL ``lora_target_modules``).
         lora_modules_to_save: Modules trained in full next to the adapter, e.g. ``[lm_head]``
             (TRL ``lora_modules_to_save``).
+        fsdp: Shard this policy's parameters, gradients and optimizer state over its group of
+            ranks with FSDP2 (``fully_shard`` on the group's device mesh; docs/mwra.md, "Memory per
+            policy"); needs a group of 2 or more ranks in the disjoint placement. Every forward is
+            then one plain pass per row set (no shared prompt pass: every rank must make the same
+            number of calls into the sharded model).
         gradient_checkpointing: Recompute each layer's activations in the backward pass instead of
             keeping them (transformers' own, non-reentrant; TRL ``gradient_checkpointing``): the
             update holds one layer's activations at a time, and scores each row over prompt +
@@ -169,6 +174,7 @@ class PolicyModule(pl.LightningModule):
         lora_target_modules: list[str] | str | None = None,
         lora_modules_to_save: list[str] | None = None,
         gradient_checkpointing: bool = False,
+        fsdp: bool = False,
     ) -> None:
         super().__init__()
         self.policy_name = name
@@ -200,11 +206,12 @@ class PolicyModule(pl.LightningModule):
         self.vllm_importance_sampling_clip_min = vllm_importance_sampling_clip_min
         self.use_peft, self.lora_r, self.lora_alpha, self.lora_dropout = use_peft, lora_r, lora_alpha, lora_dropout
         self.lora_target_modules, self.lora_modules_to_save = lora_target_modules, lora_modules_to_save
-        self.gradient_checkpointing = gradient_checkpointing
+        self.gradient_checkpointing, self.fsdp = gradient_checkpointing, fsdp
         self.model: torch.nn.Module | None = None
         self.tokenizer = None
         self._ref_model: list[torch.nn.Module] = []  # kept out of state_dict: rebuilt from the same weights
         self.optimizer_steps_taken = 0  # optimizer steps of this process's model (engines' weights_version)
+        self._end_id: int | None = None  # end_of_turn_id, read from the tokenizer once
         errors = self.config_errors()
         if errors:
             raise ConfigError(f"Invalid config for policy {name!r}:\n  - " + "\n  - ".join(errors))
@@ -213,38 +220,7 @@ class PolicyModule(pl.LightningModule):
     def config_errors(self) -> list[str]:
         """All configuration problems found without building the model."""
         p = f"policy {self.policy_name!r}"
-        errors = []
-        if not self.policy_name or "/" in self.policy_name:
-            errors.append(f"{p}: name must be non-empty and contain no '/'.")
-        if self.num_generations < 2:
-            errors.append(f"{p}: num_generations={self.num_generations}; GRPO needs >= 2 completions per "
-                          "prompt to form a group baseline. Set num_generations: 8 (or any >= 2).")
-        if self.temperature <= 0:
-            errors.append(f"{p}: temperature={self.temperature} must be > 0.")
-        if not 0 < self.top_p <= 1:
-            errors.append(f"{p}: top_p={self.top_p} must be in (0, 1].")
-        if self.top_k < 0:
-            errors.append(f"{p}: top_k={self.top_k} must be >= 0 (0 = off).")
-        for key in ("max_prompt_length", "max_completion_length", "num_iterations"):
-            if getattr(self, key) < 1:
-                errors.append(f"{p}: {key}={getattr(self, key)} must be >= 1.")
-        if self.micro_batch_size is not None and self.micro_batch_size < 1:
-            errors.append(f"{p}: micro_batch_size={self.micro_batch_size} must be >= 1 or null.")
-        if self.warmup_steps < 0:
-            errors.append(f"{p}: warmup_steps={self.warmup_steps} must be >= 0 (0 = no warm-up).")
-        if self.beta < 0:
-            errors.append(f"{p}: beta={self.beta} must be >= 0 (0 disables the KL term).")
-        if self.kl_log_ratio_clamp is not None and not self.kl_log_ratio_clamp > 0:
-            errors.append(f"{p}: kl_log_ratio_clamp={self.kl_log_ratio_clamp} must be > 0 (nats; verl uses 20) "
-                          "or null to turn the bound off.")
-        if self.epsilon < 0 or (self.epsilon_high is not None and self.epsilon_high < 0):
-            errors.append(f"{p}: epsilon/epsilon_high must be >= 0; got {self.epsilon}/{self.epsilon_high}.")
-        if self.loss_type not in LOSS_TYPES:
-            errors.append(f"{p}: loss_type={self.loss_type!r}; valid: {list(LOSS_TYPES)}.")
-        if self.scale_rewards not in SCALE_REWARDS:
-            errors.append(f"{p}: scale_rewards={self.scale_rewards!r}; valid: {list(SCALE_REWARDS)}.")
-        if self.learning_rate <= 0:
-            errors.append(f"{p}: learning_rate={self.learning_rate} must be > 0.")
+        errors = grpo_option_errors(p, self)
         errors.extend(engine_config_errors(p, self))
         errors.extend(memory_option_errors(p, self))
         if self.system_prompt is not None and not self.chat_template:
@@ -280,6 +256,24 @@ class PolicyModule(pl.LightningModule):
         advancing their version counters (measured with torch 2.13), so versions alone miss it.
         """
         self.optimizer_steps_taken += 1
+
+    @property
+    def end_of_turn_id(self) -> int:
+        """The id this policy's completions end with (transferred and pooled ones too): its chat
+        template's end-of-turn token under ``chat_template``, else EOS (docs/rollout.md, "Stops")."""
+        if self._end_id is None:
+            self._end_id = completion_end_id(self.tokenizer, self.chat_template)
+        return self._end_id
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """Every id that ends a completion with finish ``stop``: the tokenizer's EOS, each id of the
+        model's ``generation_config.eos_token_id`` (a chat model lists its end of turn there) and
+        :attr:`end_of_turn_id`, in that order, once each (docs/rollout.md, "Stops")."""
+        listed = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        listed = [listed] if isinstance(listed, int) else list(listed or [])
+        ids = [self.tokenizer.eos_token_id, *listed, self.end_of_turn_id]
+        return list(dict.fromkeys(i for i in ids if i is not None))
 
     @property
     def is_adapter(self) -> bool:
@@ -385,7 +379,8 @@ class PolicyModule(pl.LightningModule):
         """
         model = self.model if model is None else model
         logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                   share_prompts=self.share_prompt_forward and not self.gradient_checkpointing,
+                                   share_prompts=self.share_prompt_forward and not (self.gradient_checkpointing
+                                                                                   or self.fsdp),
                                    ).float() / self.temperature
         logz = torch.logsumexp(logits, dim=-1)
         logp = torch.gather(logits, 2, completion_ids.unsqueeze(-1)).squeeze(-1) - logz

@@ -198,4 +198,53 @@ def memory_option_errors(where: str, policy) -> list[str]:
         errors.append(f"{where}: lora_alpha={policy.lora_alpha} must be > 0 (e.g. 2 * lora_r).")
     if not 0.0 <= policy.lora_dropout < 1.0:
         errors.append(f"{where}: lora_dropout={policy.lora_dropout} must be in [0, 1).")
+    if policy.fsdp and policy.use_peft:
+        errors.append(f"{where}: fsdp=true with use_peft=true is not supported (a sharded LoRA adapter); use one "
+                      "of them (LoRA alone keeps the frozen base unsharded, FSDP alone shards every weight).")
+    if policy.fsdp and policy.rollout_engine == "vllm":
+        errors.append(f"{where}: fsdp=true with rollout_engine=vllm is not supported (the engine's weight push "
+                      "needs the full weights); use rollout_engine: hf with FSDP, or LoRA to fit the policy.")
+    return errors
+
+
+def grpo_option_errors(p: str, policy) -> list[str]:
+    """Problems of a policy's name, sampling and GRPO options (ranges and choices; docs/grpo.md).
+
+    Returns:
+        Error messages naming the field, the value and the fix (empty when valid).
+    """
+    from mrl_lightning.objectives.grpo import LOSS_TYPES, SCALE_REWARDS
+
+    errors = []
+    if not policy.policy_name or "/" in policy.policy_name:
+        errors.append(f"{p}: name must be non-empty and contain no '/'.")
+    if policy.num_generations < 2:
+        errors.append(f"{p}: num_generations={policy.num_generations}; GRPO needs >= 2 completions per "
+                      "prompt to form a group baseline. Set num_generations: 8 (or any >= 2).")
+    if policy.temperature <= 0:
+        errors.append(f"{p}: temperature={policy.temperature} must be > 0.")
+    if not 0 < policy.top_p <= 1:
+        errors.append(f"{p}: top_p={policy.top_p} must be in (0, 1].")
+    if policy.top_k < 0:
+        errors.append(f"{p}: top_k={policy.top_k} must be >= 0 (0 = off).")
+    for key in ("max_prompt_length", "max_completion_length", "num_iterations"):
+        if getattr(policy, key) < 1:
+            errors.append(f"{p}: {key}={getattr(policy, key)} must be >= 1.")
+    if policy.micro_batch_size is not None and policy.micro_batch_size < 1:
+        errors.append(f"{p}: micro_batch_size={policy.micro_batch_size} must be >= 1 or null.")
+    if policy.warmup_steps < 0:
+        errors.append(f"{p}: warmup_steps={policy.warmup_steps} must be >= 0 (0 = no warm-up).")
+    if policy.beta < 0:
+        errors.append(f"{p}: beta={policy.beta} must be >= 0 (0 disables the KL term).")
+    if policy.kl_log_ratio_clamp is not None and not policy.kl_log_ratio_clamp > 0:
+        errors.append(f"{p}: kl_log_ratio_clamp={policy.kl_log_ratio_clamp} must be > 0 (nats; verl uses 20) "
+                      "or null to turn the bound off.")
+    if policy.epsilon < 0 or (policy.epsilon_high is not None and policy.epsilon_high < 0):
+        errors.append(f"{p}: epsilon/epsilon_high must be >= 0; got {policy.epsilon}/{policy.epsilon_high}.")
+    if policy.loss_type not in LOSS_TYPES:
+        errors.append(f"{p}: loss_type={policy.loss_type!r}; valid: {list(LOSS_TYPES)}.")
+    if policy.scale_rewards not in SCALE_REWARDS:
+        errors.append(f"{p}: scale_rewards={policy.scale_rewards!r}; valid: {list(SCALE_REWARDS)}.")
+    if policy.learning_rate <= 0:
+        errors.append(f"{p}: learning_rate={policy.learning_rate} must be > 0.")
     return errors

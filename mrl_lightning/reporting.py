@@ -232,7 +232,45 @@ def evaluate_on_workers(system, eval_items: dict[str, list], workers, num_sample
     return metrics, [(name, text) for _, rank_samples in gathered for name, text in rank_samples.items()]
 
 
-def eval_summary(metrics: dict[str, float]) -> str:
-    """The console's ``[eval]`` line: each policy's sampled strong / weak success and its weak greedy one."""
-    return "  ".join(f"{k.split('/', 1)[1]}={v:.2f}" for k, v in metrics.items()
-                     if k.endswith(("/success_weak", "/success_strong", "greedy_success_weak")))
+def eval_summary(metrics: dict[str, float], full_up_to: int = 3) -> str:
+    """The console's ``[eval]`` line: every policy's sampled strong / weak success and its weak greedy one.
+
+    One entry per policy, in the order of ``metrics``, joined by `` | ``. Up to ``full_up_to``
+    policies each reads ``gpt2 strong 0.87 weak 0.03 (greedy 0.03)``; more are written
+    ``gpt2 0.87/0.03 (0.03)`` after one legend, ``strong/weak (greedy weak):``, so the line
+    stays short. A policy without strong parts (``strong_parts`` unset) shows its sampled
+    success per part instead (``add 0.50 sub 0.10``); a missing value is left out.
+
+    Args:
+        metrics: The evaluation scalars of :func:`eval_metrics_from_counts` (other tags are ignored).
+        full_up_to: Most policies written out in words.
+
+    Returns:
+        One line, no line break.
+    """
+    names: list[str] = []
+    for key in metrics:
+        head, _, rest = key.partition("/")
+        name = rest.split("/", 1)[0]
+        if head == "eval" and "/" in rest and name not in names:
+            names.append(name)
+    compact = len(names) > full_up_to
+    entries = []
+    for name in names:
+        strong, weak, greedy = (metrics.get(f"eval/{name}/{tag}")
+                                for tag in ("success_strong", "success_weak", "greedy_success_weak"))
+        if strong is None:
+            prefix = f"eval/{name}/success_"
+            parts = [f"{k[len(prefix):]} {v:.2f}" for k, v in metrics.items()
+                     if k.startswith(prefix) and k[len(prefix):] not in ("strong", "weak")]
+            entries.append(" ".join([name, *parts]))
+        elif compact:
+            shown = f"{strong:.2f}" + (f"/{weak:.2f}" if weak is not None else "")
+            entries.append(f"{name} {shown}" + (f" ({greedy:.2f})" if greedy is not None else ""))
+        else:
+            words = [name, f"strong {strong:.2f}"]
+            words += [f"weak {weak:.2f}"] if weak is not None else []
+            words += [f"(greedy {greedy:.2f})"] if greedy is not None else []
+            entries.append(" ".join(words))
+    line = " | ".join(entries)
+    return f"strong/weak (greedy weak): {line}" if compact else line

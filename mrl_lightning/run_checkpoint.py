@@ -1,8 +1,8 @@
 """What a run's checkpoint holds, how the ranks assemble and restore it, and its run folder (docs/loop.md).
 
 A checkpoint holds, per policy, its model (every weight, or a LoRA policy's adapter only:
-:meth:`~mrl_lightning.policy.PolicyModule.weights_state_dict`) and optimizer state (from the
-policy's group leader), every callback's state (merged over ranks by the callback,
+:meth:`~mrl_lightning.policy.PolicyModule.weights_state_dict`; an FSDP policy's full tensors,
+gathered in its group) and optimizer state (from the policy's group leader), every callback's state (merged over ranks by the callback,
 :meth:`~mrl_lightning.callbacks.base.MRLCallback.merge_rank_states`), the data position,
 the counters, every rank's RNG states, the placement, and a fingerprint of the config
 (each policy's family, kind and parameter shapes, the data parts) that a resume compares
@@ -26,6 +26,7 @@ import torch
 from mrl_lightning.checkpoint import FORMAT_VERSION, CheckpointError, atomic_save
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.mwra import rng_state, set_rng_state
+from mrl_lightning.mwra.sharding import full_state, is_sharded, load_full_state
 from mrl_lightning.writable import write_problem
 
 
@@ -70,15 +71,20 @@ def save_run_checkpoint(folder: Path, step: int, *, workers, policies: dict, opt
         The step file's path (on every rank).
     """
     path = folder / f"step={step}.ckpt"
-    local = {
-        "policies": {name: {"model": to_cpu(policies[name].weights_state_dict()),
-                            "optimizer": to_cpu(optimizers[name].state_dict())}
-                     for name in workers.local_policies if workers.is_leader(name)},
-        "callbacks": {cb.state_key: cb.state_dict() for cb in callbacks},
-        "rng": rng_state(),
-        "families": {name: getattr(getattr(policies[name].model, "config", None), "model_type", None)
-                     for name in workers.local_policies if workers.is_leader(name)},
-    }
+    states, families = {}, {}
+    for name in workers.local_policies:
+        if is_sharded(policies[name].model):  # FSDP: every rank of the group gathers the full tensors
+            part = {"model": full_state(policies[name].model.state_dict()),
+                    "optimizer": full_state(optimizers[name].state_dict())}
+        elif workers.is_leader(name):
+            part = {"model": to_cpu(policies[name].weights_state_dict()), "optimizer": to_cpu(optimizers[name].state_dict())}
+        else:
+            continue
+        if workers.is_leader(name):
+            states[name] = part
+            families[name] = getattr(getattr(policies[name].model, "config", None), "model_type", None)
+    local = {"policies": states, "callbacks": {cb.state_key: cb.state_dict() for cb in callbacks}, "rng": rng_state(),
+             "families": families}
     if workers.distributed:  # torch.save keeps tied weights one storage; pickling for the gather would not
         local["policies"] = {name: _pack(part) for name, part in local["policies"].items()}
     gathered = workers.gather_to_zero(local, "checkpoint")
@@ -144,8 +150,12 @@ def restore_run_checkpoint(state: dict[str, Any], *, workers, policies: dict, op
         CheckpointError: a policy's weights do not fit the configured model.
     """
     for name in workers.local_policies:
+        saved = state["policies"][name]
         try:
-            policies[name].load_weights_state_dict(state["policies"][name]["model"])
+            if is_sharded(policies[name].model):  # full tensors in the checkpoint: each rank takes its shard
+                load_full_state(policies[name].model, optimizers[name], saved["model"], saved["optimizer"])
+                continue
+            policies[name].load_weights_state_dict(saved["model"])
         except RuntimeError as exc:
             raise CheckpointError(
                 f"policy {name!r}: the checkpoint's weights do not fit the configured model "
@@ -153,7 +163,7 @@ def restore_run_checkpoint(state: dict[str, Any], *, workers, policies: dict, op
             ) from exc
         optimizer = optimizers[name]
         foreach = [group.get("foreach") for group in optimizer.param_groups]
-        optimizer.load_state_dict(state["policies"][name]["optimizer"])
+        optimizer.load_state_dict(saved["optimizer"])
         for group, value in zip(optimizer.param_groups, foreach):  # the saved groups carry the writer's choice
             group["foreach"] = value
     missing = [cb.state_key for cb in callbacks if cb.state_key not in state["callbacks"]]

@@ -16,6 +16,7 @@ import torch
 from mrl_lightning.batch import ScoredRollouts
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.mwra.rng import sampling_rng
+from mrl_lightning.mwra.sharding import full_weights
 from mrl_lightning.numerics import check_finite_logprobs, named_sampling_errors
 from mrl_lightning.objectives.grpo import combine_rewards
 from mrl_lightning.policy import PolicyModule
@@ -127,12 +128,13 @@ class MutualRL(pl.LightningModule):
         """
         prompts = [policy.render_prompt(x) for x in items]
         with sampling_rng(seed) if seed is not None else contextlib.nullcontext(), \
-                named_sampling_errors(policy.policy_name):
+                named_sampling_errors(policy.policy_name), full_weights(policy.model):
             out = self.engine_for(policy, len(items)).generate(
                 policy.model, policy.tokenizer, policy.encode_prompts(prompts),
                 num_generations=policy.num_generations, max_completion_length=policy.max_completion_length,
                 temperature=policy.temperature, top_p=policy.top_p, top_k=policy.top_k,
                 weights_version=policy.optimizer_steps_taken, prompt_seeds=prompt_seeds,
+                stop_token_ids=policy.stop_token_ids,
             )
         check_finite_logprobs(policy.policy_name, out.old_logprobs, out.completion_mask)
         repeated = [x for x in items for _ in range(policy.num_generations)]
@@ -144,13 +146,17 @@ class MutualRL(pl.LightningModule):
     @torch.no_grad()
     def greedy_success(self, policy: PolicyModule, items: list) -> tuple[float, list[str]]:
         """Share of ``items`` solved by greedy decoding, and the completions."""
-        out = self.engine_for(policy, len(items)).generate(
-            policy.model, policy.tokenizer, policy.encode_prompts([policy.render_prompt(x) for x in items]),
-            num_generations=1, max_completion_length=policy.max_completion_length, do_sample=False,
-            weights_version=policy.optimizer_steps_taken,
-        )
+        with full_weights(policy.model):  # a sharded policy samples on its full weights (mwra/sharding.py)
+            out = self._greedy(policy, items)
         _, _, success = self.score(out.completion_texts, items)
         return float(success.float().mean()), out.completion_texts
+
+    def _greedy(self, policy: PolicyModule, items: list):
+        return self.engine_for(policy, len(items)).generate(
+            policy.model, policy.tokenizer, policy.encode_prompts([policy.render_prompt(x) for x in items]),
+            num_generations=1, max_completion_length=policy.max_completion_length, do_sample=False,
+            weights_version=policy.optimizer_steps_taken, stop_token_ids=policy.stop_token_ids,
+        )
 
     @torch.no_grad()
     def sampled_success(self, policy: PolicyModule, items: list, num_samples: int, seed: int) -> float:
@@ -169,12 +175,13 @@ class MutualRL(pl.LightningModule):
     def rollout_n(self, policy: PolicyModule, items: list, num_samples: int,
                   prompt_seeds: list[int] | None = None) -> torch.Tensor:
         """``[B, num_samples]`` bool success of sampled completions (``prompt_seeds``: as :meth:`rollout`)."""
-        with named_sampling_errors(policy.policy_name):
+        with named_sampling_errors(policy.policy_name), full_weights(policy.model):
             out = self.engine_for(policy, len(items)).generate(
                 policy.model, policy.tokenizer, policy.encode_prompts([policy.render_prompt(x) for x in items]),
                 num_generations=num_samples, max_completion_length=policy.max_completion_length,
                 temperature=policy.temperature, top_p=policy.top_p, top_k=policy.top_k,
                 weights_version=policy.optimizer_steps_taken, prompt_seeds=prompt_seeds,
+                stop_token_ids=policy.stop_token_ids,
             )
         repeated = [x for x in items for _ in range(num_samples)]
         _, _, success = self.score(out.completion_texts, repeated)

@@ -299,11 +299,9 @@ class MRLTrainer:
     def training_step(self, model, datamodule) -> dict[str, float]:
         """One training step of every policy this rank runs (docs/loop.md); returns this rank's scalars of it.
 
-        Rollouts (this rank's shard of the prompts, per policy) -> the exchange point
-        (``on_rollouts_end``) -> per policy: the batch with plain GRPO advantages, the probes
-        (``on_compose_batch``), the group's loss normalizers and term names, the update
-        (:func:`mrl_lightning.update.policy_update`). Scalars are combined over ranks once per
-        log window (:meth:`_loop`), each by its kind (:mod:`mrl_lightning.metrics`).
+        Rollouts (this rank's shard, per policy) -> ``on_rollouts_end`` -> per policy: plain GRPO
+        advantages, ``on_compose_batch``, the group's normalizers and term names, the update
+        (:func:`mrl_lightning.update.policy_update`); docs/architecture.md has the order.
         """
         w = self.workers
         start = time.perf_counter()
@@ -343,8 +341,8 @@ class MRLTrainer:
                     batch.group_terms = w.group_terms(name, term_names(batch.aux_losses))
             with w.phase("update"):
                 wrapped, opt = self._modules[name]
-                metrics.update(policy_update(policy, batch, wrapped, self.fabric, opt,
-                                             reduce_gradients=partial(w.reduce_gradients, name)))
+                reduce = None if policy.fsdp else partial(w.reduce_gradients, name)  # FSDP reduces in backward
+                metrics.update(policy_update(policy, batch, wrapped, self.fabric, opt, reduce_gradients=reduce))
             metrics.update(batch.metrics)
             metrics[f"train/{name}/update_time_s"] = metrics[f"mwra/{name}/update_s"] = time.perf_counter() - t0
         self.global_step += 1
@@ -359,9 +357,7 @@ class MRLTrainer:
         return metrics
 
     def _run_seed(self) -> int:
-        if self.seed is not None:
-            return int(self.seed)
-        return int(os.environ.get("PL_GLOBAL_SEED", 0))
+        return int(self.seed) if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
 
     def _evaluate(self, model, datamodule) -> None:
         w = self.workers

@@ -32,9 +32,9 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from mrl_lightning.batch import TrainBatch
+from mrl_lightning.batch import AuxiliaryLoss, TrainBatch
 from mrl_lightning.metrics import Max, Mean, Min, Sum
-from mrl_lightning.numerics import skip_nonfinite_update
+from mrl_lightning.numerics import gradient_norm, skip_nonfinite_update
 from mrl_lightning.objectives.aux_share import backward_aux_losses
 from mrl_lightning.objectives.grpo import group_advantages, grpo_loss, masked_mean
 from mrl_lightning.policy import PolicyModule
@@ -186,7 +186,8 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
         reduce(params)
         if batch.aux_losses or batch.group_terms:  # a rank without a term still reduces the group's terms
             t0 = time.perf_counter()
-            metrics.update(backward_aux_losses(batch.aux_losses, policy, model, fabric.backward, params,
+            terms = _with_empty_shares(policy, batch)
+            metrics.update(backward_aux_losses(terms, policy, model, fabric.backward, params,
                                                tag=lambda term: f"probe/{term}/{p}", totals=totals, reduce=reduce,
                                                terms=batch.group_terms))
             metrics[aux_key] += time.perf_counter() - t0
@@ -194,6 +195,31 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
         metrics[skip_key] += float(skipped)
         metrics[f"train/{p}/grad_norm"] = _clip_and_step(policy, params, model, fabric, optimizer, skipped, metrics)
     return metrics
+
+
+class _EmptyShare(AuxiliaryLoss):
+    """A term another rank of a sharded policy's group has and this one does not: a forward and a
+    backward of weight 0 on one padding token, so that this rank runs the same FSDP collectives."""
+
+    def __init__(self, name: str, max_grad_share: float | None) -> None:
+        self.name, self.max_grad_share = name, max_grad_share
+
+    def __call__(self, policy, model, totals):
+        pad = torch.full((1, 1), policy.tokenizer.pad_token_id, dtype=torch.long)
+        device = next(policy.model.parameters()).device
+        ones = torch.ones((1, 1), dtype=torch.bool, device=device)
+        logp, _ = policy.completion_logprobs(pad.to(device), ones, pad.to(device), ones, model=model)
+        return logp.sum() * 0.0, {}
+
+
+def _with_empty_shares(policy: PolicyModule, batch: TrainBatch) -> list:
+    """The batch's auxiliary terms, plus an :class:`_EmptyShare` for each term name of the group this
+    rank has none of when the policy is sharded (FSDP: every rank must run the same forward passes)."""
+    if not policy.fsdp or not batch.group_terms:
+        return batch.aux_losses
+    mine = {aux.name for aux in batch.aux_losses}
+    return list(batch.aux_losses) + [_EmptyShare(name, bound) for name, bound in batch.group_terms
+                                     if name not in mine]
 
 
 def _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_weights, entropy: bool) -> dict:
@@ -254,6 +280,9 @@ def _clip_and_step(policy, params, model, fabric, optimizer, skipped: bool, metr
         return float("nan")
     if policy.max_grad_norm is not None:
         grad_norm = fabric.clip_gradients(model, optimizer, max_norm=policy.max_grad_norm)
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: the mesh's
+    elif policy.fsdp:
+        grad_norm = gradient_norm(params)
     else:
         grads = [g.grad.detach().norm() for g in params if g.grad is not None]
         grad_norm = torch.stack(grads).norm() if grads else torch.zeros(())

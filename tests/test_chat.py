@@ -14,6 +14,7 @@ from transformers import AutoTokenizer
 from mrl_lightning.chat import (
     chat_template_errors,
     encode_rendered,
+    end_of_turn_id,
     render_chat_prompt,
     tokenizer_adds_bos,
 )
@@ -111,3 +112,27 @@ def test_missing_chat_template_is_a_config_error_with_the_fix(tmp_path):
 def test_max_len_below_two_is_refused(spm_with_bos):
     with pytest.raises(ValueError, match="max_len=1"):
         encode_rendered(spm_with_bos, ["x"], max_len=1)
+
+
+def test_end_of_turn_is_the_special_token_after_the_assistant_content(spm_with_bos):
+    # WITH_BOS renders "<s><|user|>x<|end|><|assistant|>PROBE<|end|>": the turn ends with <|end|>
+    assert end_of_turn_id(spm_with_bos) == spm_with_bos.convert_tokens_to_ids("<|end|>")
+    assert end_of_turn_id(spm_with_bos) != spm_with_bos.eos_token_id
+
+
+def test_end_of_turn_is_eos_where_the_template_ends_a_turn_with_it(tmp_path):
+    template = ("{% for m in messages %}{% if m['role'] == 'user' %}<|user|>{{ m['content'] }}<|assistant|>"
+                "{% else %}{{ m['content'] }} {{ eos_token }}{% endif %}{% endfor %}")
+    tok = _tokenizer(tmp_path, "sentencepiece", template)  # the space before EOS is passed over
+    assert end_of_turn_id(tok) == tok.eos_token_id
+
+
+@pytest.mark.parametrize(("template", "expected"), [
+    ("{% for m in messages %}{{ m['content'] }}\n{% endfor %}", "does not start with a special token"),
+    ("{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] }}{% endif %}{% endfor %}",
+     "does not render an assistant message's content"),
+])
+def test_template_without_an_end_of_turn_token_is_a_config_error(tmp_path, template, expected):
+    tok = _tokenizer(tmp_path, "byte_level", template)
+    with pytest.raises(ConfigError, match=expected):
+        end_of_turn_id(tok)

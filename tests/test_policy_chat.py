@@ -108,7 +108,8 @@ def test_sgt_transfer_is_rendered_behind_the_receivers_chat_template(chat_dir):
     exchange.publish([SuccessRecord(prompt_id=ITEM.prompt_id, source="peer", step=1, completion_text=" 2",
                                     reward=1.0, verifier="math_verify", verifier_version="test")])
     text = receiver.render_prompt(ITEM)
-    scored = SimpleNamespace(items=[ITEM], success=torch.tensor([[False, False]]), prompt_texts=[text])
+    scored = SimpleNamespace(items=[ITEM], success=torch.tensor([[False, False]]), prompt_texts=[text],
+                             own_prompt_ids=lambda b: receiver.encode_prompts([text])[0])
     batch = TrainBatch(scored=scored, advantages=torch.zeros(1, 2))
     SuccessGatedTransfer().on_compose_batch(SimpleNamespace(exchange=exchange, rollout_step=1), None, receiver, batch)
     assert batch.metrics["probe/sgt/chat/transfers"] == 1.0
@@ -117,7 +118,8 @@ def test_sgt_transfer_is_rendered_behind_the_receivers_chat_template(chat_dir):
     assert prompt_ids == receiver.encode_prompts([text])[0]
     assert prompt_ids.count(tok.bos_token_id) == 1
     assert tok.decode(prompt_ids).startswith("<s><|system|>")
-    assert completion_ids[-1] == tok.eos_token_id
+    # it ends as the receiver's own completions end: with its template's end of turn, not EOS
+    assert completion_ids[-1] == receiver.end_of_turn_id == tok.convert_tokens_to_ids("<|end|>") != tok.eos_token_id
     assert tok.decode(completion_ids[:-1]).strip() == "2"
 
 

@@ -1,4 +1,4 @@
-"""Evaluation scalars: mean@k and the unbiased pass@k (Chen et al. 2021), merged over ranks.
+"""Evaluation scalars: mean@k and the unbiased pass@k (Chen et al. 2021), merged over ranks; the console line.
 
 The system is a stand-in whose sampled successes per prompt are fixed by the test, so
 every expected number is counted by hand.
@@ -12,7 +12,13 @@ import pytest
 import torch
 
 from mrl_lightning.data.items import PromptItem
-from mrl_lightning.reporting import eval_counts, eval_metrics_from_counts, merge_eval_counts, pass_at_k
+from mrl_lightning.reporting import (
+    eval_counts,
+    eval_metrics_from_counts,
+    eval_summary,
+    merge_eval_counts,
+    pass_at_k,
+)
 
 
 @pytest.mark.parametrize(("n", "c", "k", "expected"), [
@@ -101,3 +107,38 @@ def test_ranks_with_different_k_are_refused():
     b = {"p": {"per_prompt": {"gsm8k": ([1], 8)}}}
     with pytest.raises(ValueError, match="ranks sampled k=4 and k=8"):
         merge_eval_counts([a, b])
+
+
+def _policy_metrics(name, strong, weak, greedy_weak):
+    return {f"eval/{name}/success_add": strong, f"eval/{name}/greedy_success_add": 0.99,
+            f"eval/{name}/success_strong": strong, f"eval/{name}/success_weak": weak,
+            f"eval/{name}/greedy_success_strong": 0.99, f"eval/{name}/greedy_success_weak": greedy_weak,
+            f"eval/{name}/pass_at_k_weak": 0.5}
+
+
+def test_eval_line_shows_every_policy_in_words_when_there_are_few():
+    metrics = {**_policy_metrics("gpt2", 0.87, 0.031, 0.029), **_policy_metrics("llama", 0.6, 0.05, 0.0)}
+    assert eval_summary(metrics) == ("gpt2 strong 0.87 weak 0.03 (greedy 0.03) | "
+                                     "llama strong 0.60 weak 0.05 (greedy 0.00)")
+
+
+def test_eval_line_is_compact_with_one_legend_when_there_are_many():
+    metrics = {}
+    for i, name in enumerate(["gpt2", "llama", "qwen2", "phi3"]):
+        metrics.update(_policy_metrics(name, 0.9 - i / 10, i / 100, i / 50))
+    line = eval_summary(metrics)
+    assert line == ("strong/weak (greedy weak): gpt2 0.90/0.00 (0.00) | llama 0.80/0.01 (0.02) | "
+                    "qwen2 0.70/0.02 (0.04) | phi3 0.60/0.03 (0.06)")
+    assert "\n" not in line
+
+
+def test_eval_line_shows_a_policy_without_strong_parts_by_part():
+    metrics = {**_policy_metrics("gpt2", 0.87, 0.03, 0.02),
+               "eval/fresh/success_add": 0.5, "eval/fresh/greedy_success_add": 0.4, "eval/fresh/success_sub": 0.1,
+               "eval/fresh/mean_at_k_sub": 0.1}
+    assert eval_summary(metrics) == "gpt2 strong 0.87 weak 0.03 (greedy 0.02) | fresh add 0.50 sub 0.10"
+
+
+def test_eval_line_leaves_out_a_weak_value_when_every_part_is_strong():
+    metrics = {"eval/p/success_add": 0.7, "eval/p/success_strong": 0.7, "eval/p/greedy_success_strong": 0.6}
+    assert eval_summary(metrics) == "p strong 0.70"

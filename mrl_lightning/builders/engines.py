@@ -135,7 +135,7 @@ def build_vllm_engine(policy, policies: list, prompts_per_rank: int, factory: An
             raise ConfigError(f"{p}: the vLLM server at {policy.vllm_server_host}:{policy.vllm_server_port} runs with "
                               f"--logprobs-mode {mode}, whose log-probs are not those of the tempered distribution it "
                               "samples; restart it with --logprobs-mode processed_logprobs (trl vllm-serve does).")
-        return VLLMEngine(ServerVLLM(client, {policy.tokenizer.eos_token_id}))
+        return VLLMEngine(ServerVLLM(client))
     share = policy.vllm_gpu_memory_utilization
     if share is None:
         if device_memory_gib is None:

@@ -19,6 +19,7 @@ from mrl_lightning.errors import ConfigError
 from mrl_lightning.hub import hub_load_kwargs, quiet_local_load
 from mrl_lightning.model_source import ModelRecipe
 from mrl_lightning.mwra.rng import rng_state, set_rng_state
+from mrl_lightning.mwra.sharding import shard_model
 from mrl_lightning.policy import PolicyModule
 from mrl_lightning.policy_checks import tokenizer_errors
 
@@ -187,8 +188,8 @@ def _meta_adapter(policy: PolicyModule, config) -> tuple[int, str | None, dict |
 
 def build_on_rank(system, datamodule, workers, fabric, log, resuming: bool = False) -> dict[str, tuple]:
     """Build every policy of the run on this rank: recipes materialized by each policy's group leader,
-    tokenizers everywhere, models (set up by Fabric with their optimizer, weights broadcast from the
-    leader) where the policy runs.
+    tokenizers everywhere, models (weights broadcast from the leader, sharded over the group when
+    ``fsdp``, set up by Fabric with their optimizer) where the policy runs.
 
     Args:
         system: The :class:`~mrl_lightning.system.MutualRL` system.
@@ -219,8 +220,13 @@ def build_on_rank(system, datamodule, workers, fabric, log, resuming: bool = Fal
         build_policy(policy, datamodule, cache_log=lambda _msg: None, with_model=local)
         if not local:
             continue
+        workers.broadcast_module(name, policy.model)  # the leader's weights on every rank of the group
+        if policy.fsdp:  # FSDP2 over the policy's own group (mwra/sharding.py), before its optimizer exists
+            policy.model.to(fabric.device)
+            shard_model(policy.model, workers.process_group(name), fabric.device.type)
         modules[name] = fabric.setup(policy.model, policy.configure_optimizers())
-        workers.broadcast_module(name, policy.model)
         if policy.ref_model is not None:
             policy.ref_model.to(fabric.device)
+            if policy.fsdp:  # the frozen reference sharded alike: no full copy per rank
+                shard_model(policy.ref_model, workers.process_group(name), fabric.device.type)
     return modules

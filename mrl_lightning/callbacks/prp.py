@@ -3,7 +3,8 @@
 Thin adapter over :mod:`mrl_lightning.probes.prp` and THL. For receiver i and each of its
 prompts x it takes up to M peer ``RolloutRecord`` s (source j != i) from SEE
 (``ctx.exchange``), retokenizes each completion into i's tokens behind i's *own*
-rendered prompt and maps j's sampling log-probs onto those tokens
+prompt ids (as i's rollouts had them; a peer completion that stopped ends with i's own
+end-of-turn token) and maps j's sampling log-probs onto those tokens
 (:func:`mrl_lightning.thl.transfer_trace`). Then:
 
 1. Advantages over the pooled group own G + peer M (:func:`prp_pooled_advantages`, the
@@ -266,8 +267,8 @@ class PeerRolloutPooling(MRLCallback):
                 continue
             for rec in chosen.get(pid, []):
                 trace = transfer_trace(system.policies[rec.source].tokenizer, rec.token_ids, rec.logprobs, tok,
-                                       scored.prompt_texts[b], rec.completion_text,
-                                       add_eos=rec.finish_reason == "eos")
+                                       scored.prompt_texts[b], rec.completion_text,  # "eos": older records
+                                       add_eos=rec.finish_reason in ("stop", "eos"), eos_id=policy.end_of_turn_id)
                 traces.append(trace)
                 if not trace.round_trip_ok or not trace.retokenized.completion_ids:
                     failures += 1
@@ -310,7 +311,7 @@ class PeerRolloutPooling(MRLCallback):
         full_peer_adv[kept] = peer_adv.to(peer_r.dtype)
         advantages = torch.tensor([float(full_peer_adv[b, slots[b].index(k)]) for k, (b, _, _) in enumerate(peers)])
 
-        prompts = [tr.retokenized.prompt_ids[-policy.max_prompt_length:] for _, tr, _ in peers]
+        prompts = [scored.own_prompt_ids(b) for b, _, _ in peers]  # the receiver's own, as its rollouts had them
         p_ids, p_mask = left_pad(prompts, tok.pad_token_id)
         length = max(len(tr.retokenized.completion_ids) for _, tr, _ in peers)
         c_ids = torch.full((len(peers), length), tok.pad_token_id, dtype=torch.long)

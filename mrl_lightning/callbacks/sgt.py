@@ -1,8 +1,9 @@
 """SuccessGatedTransfer callback: SGT on top of GRPO (``docs/probes.md``).
 
 Thin adapter over :mod:`mrl_lightning.probes.sgt`: reads verified peer SuccessRecords
-from SEE (``ctx.exchange``), retokenizes them behind the receiver's own prompt with
-THL, and adds the transfer loss to the receiver's batch. Requires the ``"exchange"``
+from SEE (``ctx.exchange``), retokenizes them with THL behind the receiver's own prompt
+ids (as its own rollouts had them: BOS and template head kept, truncated alike) and ending
+with the receiver's own end-of-turn token, and adds the transfer loss to the receiver's batch. Requires the ``"exchange"``
 service (``SharedExperienceExchange`` earlier in the list; checked at set-up).
 
 Logged under ``probe/sgt/<policy>/``: ``rescue_set_size`` (prompts), ``transfers``
@@ -22,7 +23,6 @@ each of its ranks holds the whole policy's bookkeeping.
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 import torch
@@ -30,85 +30,15 @@ import torch
 from mrl_lightning.callbacks.base import MRLCallback
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.exchange import RolloutRecord, SuccessRecord
-from mrl_lightning.probes.sgt import (pad_demos, rescue_set, sgt_group_loss, sgt_loss,
-                                      transfer_group_advantages)
-from mrl_lightning.batch import AuxiliaryLoss
+from mrl_lightning.probes.ledger import RescueLedger, merge_ledger_states
+from mrl_lightning.probes.sgt import ShareBound, rescue_set, transfer_group_advantages
+from mrl_lightning.callbacks.rescue_control import note_rescue_control
+from mrl_lightning.callbacks.sgt_terms import _SGTGroupLoss, _SGTTransferLoss, pack_ids, unpack_ids
 from mrl_lightning.metrics import Mean, Sum
 from mrl_lightning.thl import residual_metrics, retokenize, transfer_trace
 
 
 TRANSFER_MODES = ("nll", "group")
-
-
-def pack_ids(ids) -> bytes:
-    """A set of prompt ids as ``zlib`` of their sorted, newline-joined text (weights-only loadable, exact).
-
-    Raises:
-        ValueError: an id holds a newline (it could not be told apart on unpacking).
-    """
-    ids = sorted(ids)
-    if any("\n" in i for i in ids):
-        raise ValueError(f"pack_ids: prompt id {next(i for i in ids if chr(10) in i)!r} holds a newline.")
-    return zlib.compress("\n".join(ids).encode("utf-8"), 9)
-
-
-def unpack_ids(packed) -> set[str]:
-    """Inverse of :func:`pack_ids`; a list of ids (the format before packing) is read as it is."""
-    if isinstance(packed, (bytes, bytearray)):
-        text = zlib.decompress(packed).decode("utf-8")
-        return set(text.split("\n")) if text else set()
-    return set(packed)
-
-
-def _demo_logprobs(policy, model, demos) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """The receiver's per-token log-probs of its demos.
-
-    Returns:
-        ``([D, Lc] log-probs (nats, with grad), [D, Lc] completion mask, mean NLL per token (nats))``.
-    """
-    p_ids, p_mask, c_ids, c_mask = pad_demos(demos, policy.tokenizer.pad_token_id)
-    device = next(policy.model.parameters()).device
-    logp, _ = policy.completion_logprobs(p_ids.to(device), p_mask.to(device), c_ids.to(device),
-                                         c_mask.to(device), model=model)
-    c_mask = c_mask.to(device)
-    return logp, c_mask, float((-(logp.detach() * c_mask).sum() / c_mask.sum().clamp(min=1)))
-
-
-class _SGTTransferLoss(AuxiliaryLoss):
-    """``transfer_mode: nll``: ``lambda * A_plus * mean NLL`` over the demos of every rank (:func:`sgt_loss`)."""
-
-    name = "sgt"
-
-    def __init__(self, demos, lambda_sgt: float, advantage_plus: float, tag: str,
-                 max_grad_share: float | None = None) -> None:
-        self.demos, self.lambda_sgt, self.advantage_plus, self.tag = demos, lambda_sgt, advantage_plus, tag
-        self.max_grad_share = max_grad_share
-
-    def __call__(self, policy, model, totals: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
-        logp, c_mask, nll = _demo_logprobs(policy, model, self.demos)
-        loss = sgt_loss(logp, c_mask, self.lambda_sgt, self.advantage_plus,
-                        num_demos=float(totals.get("sgt_demos", 0.0)) or None)
-        return loss, {f"{self.tag}/nll_nats": Mean(nll, float(c_mask.sum()))}
-
-
-class _SGTGroupLoss(AuxiliaryLoss):
-    """``transfer_mode: group``: the demos as extra GRPO samples (:func:`sgt_group_loss`)."""
-
-    name = "sgt"
-
-    def __init__(self, demos, advantages: torch.Tensor, lambda_sgt: float, tag: str,
-                 max_grad_share: float | None = None) -> None:
-        self.demos, self.advantages, self.lambda_sgt, self.tag = demos, advantages, lambda_sgt, tag
-        self.max_grad_share = max_grad_share
-
-    def __call__(self, policy, model, totals: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
-        logp, c_mask, nll = _demo_logprobs(policy, model, self.demos)
-        # the normalizers of own samples + demos, summed over the policy's ranks
-        loss = sgt_group_loss(logp, c_mask, self.advantages.to(c_mask.device), self.lambda_sgt, policy.loss_type,
-                              num_sequences=float(totals.get("sequences", 0.0)),
-                              num_tokens=float(totals.get("tokens", 0.0)),
-                              max_completion_length=policy.max_completion_length)
-        return loss, {f"{self.tag}/nll_nats": Mean(nll, float(c_mask.sum()))}
 
 
 class SuccessGatedTransfer(MRLCallback):
@@ -129,6 +59,18 @@ class SuccessGatedTransfer(MRLCallback):
             clipping); a larger share is scaled down to b for that step
             (:mod:`mrl_lightning.objectives.aux_share`). None = no bound. The share is logged
             either way as ``probe/sgt/<policy>/grad_share``.
+        max_grad_share_final: A schedule: the bound moves linearly from ``max_grad_share`` at
+            rollout step 0 to this at step ``max_grad_share_ramp_steps``; None = no schedule.
+        max_grad_share_ramp_steps: Steps of that ramp.
+        max_grad_share_low: A receiver-adaptive bound: ``max_grad_share`` while the receiver's
+            strong part holds (its own strong-part rollout success, averaged, against its best over
+            the first ``adaptive_reference_steps`` steps), falling to this as the strong part drops by
+            ``adaptive_drop`` (relative); None = not adaptive
+            (:class:`~mrl_lightning.probes.sgt.ShareBound`). The step's bound is logged as
+            ``probe/sgt/<p>/grad_share_bound``.
+        adaptive_drop: The relative strong-part drop at which the bound reaches ``max_grad_share_low``.
+        adaptive_ema: Moving-average rate of the strong-part success the adaptive bound follows.
+        adaptive_reference_steps: Steps over which the strong part's reference is taken.
         transfer_mode: ``"nll"``: the transfer term ``lambda * A_plus * mean NLL`` over the
             step's demos (:func:`~mrl_lightning.probes.sgt.sgt_loss`). ``"group"``: each demo
             joins its prompt's group as an extra sample with its combined reward (every reward
@@ -152,6 +94,12 @@ class SuccessGatedTransfer(MRLCallback):
         receivers: list[str] | None = None,
         max_grad_share: float | None = None,
         transfer_mode: str = "nll",
+        max_grad_share_final: float | None = None,
+        max_grad_share_ramp_steps: int = 1000,
+        max_grad_share_low: float | None = None,
+        adaptive_drop: float = 0.1,
+        adaptive_ema: float = 0.05,
+        adaptive_reference_steps: int = 50,
     ) -> None:
         errors = []
         if lambda_sgt < 0 or any(v < 0 for v in (lambda_per_policy or {}).values()):
@@ -167,6 +115,12 @@ class SuccessGatedTransfer(MRLCallback):
                           "the update, e.g. 0.5) or null for no bound.")
         if transfer_mode not in TRANSFER_MODES:
             errors.append(f"SuccessGatedTransfer.transfer_mode={transfer_mode!r}; valid: {list(TRANSFER_MODES)}.")
+        try:
+            self.bound = ShareBound(max_grad_share, max_grad_share_final, max_grad_share_ramp_steps,
+                                    max_grad_share_low, adaptive_drop, adaptive_ema, adaptive_reference_steps)
+        except ValueError as exc:
+            errors.append(f"SuccessGatedTransfer bound options: {exc} (max_grad_share_final / _ramp_steps, "
+                          "max_grad_share_low, adaptive_*).")
         if errors:
             raise ConfigError("\n".join(errors))
         self.max_grad_share, self.transfer_mode = max_grad_share, transfer_mode
@@ -177,6 +131,8 @@ class SuccessGatedTransfer(MRLCallback):
         self.rescued: dict[str, set[str]] = {}
         self.seen_after_rescue: dict[str, set[str]] = {}
         self.solved_after_rescue: dict[str, set[str]] = {}
+        self.ledger = RescueLedger()  # the control: weak-part re-draws, rescued or not (probes/ledger.py)
+        self.bound_state: dict[str, dict[str, float | None]] = {}  # per receiver: strong-part level, reference
 
     @property
     def see_reads(self) -> dict[str, int | None]:
@@ -239,26 +195,30 @@ class SuccessGatedTransfer(MRLCallback):
         demos, traces, failures = [], [], 0
         demo_rows: dict[int, list[float]] = {}  # row -> its demos' verifier rewards, in demo order
         demo_texts: dict[int, list[str]] = {}  # row -> its demos' texts, in demo order
+        end = policy.end_of_turn_id if chosen else None  # a demo ends as the receiver's own completions do
         for b, texts in chosen.items():
             for text in texts:
                 source = source_of[(items[b].prompt_id, text)]
                 rollout = traces_by_key.get((items[b].prompt_id, source, text))
                 if rollout is not None:  # the source's tokens are known: map the full trace (THL residual)
                     trace = transfer_trace(system.policies[source].tokenizer, rollout.token_ids, rollout.logprobs,
-                                           policy.tokenizer, batch.scored.prompt_texts[b], text, add_eos=True)
+                                           policy.tokenizer, batch.scored.prompt_texts[b], text, add_eos=True,
+                                           eos_id=end)
                     traces.append(trace)
                     r = trace.retokenized
                 else:
-                    r = retokenize(policy.tokenizer, batch.scored.prompt_texts[b], text, add_eos=True)
+                    r = retokenize(policy.tokenizer, batch.scored.prompt_texts[b], text, add_eos=True, eos_id=end)
                 if not r.round_trip_ok:
                     failures += 1
                     continue
-                demos.append((r.prompt_ids[-policy.max_prompt_length:], r.completion_ids))
+                # behind the receiver's own prompt ids: rendered, encoded and truncated as its own rollouts were
+                demos.append((batch.scored.own_prompt_ids(b), r.completion_ids))
                 demo_rows.setdefault(b, []).append(reward_of[(items[b].prompt_id, text)])
                 demo_texts.setdefault(b, []).append(text)
         if traces:
             batch.metrics.update(residual_metrics(traces, prefix=f"thl/sgt/{name}/"))
         weight = self.lambda_per_policy.get(name, self.lambda_sgt)
+        bound = self._step_bound(ctx, policy, batch, tag)  # every step: the adaptive bound tracks the strong part
         if demos and weight > 0 and self.transfer_mode == "group":
             # A demo joins a group of own samples scored by the combined reward of every reward
             # function (reward_weights), not by the strict verifier's alone: score it the same way.
@@ -267,17 +227,40 @@ class SuccessGatedTransfer(MRLCallback):
             _, combined, _ = system.score(texts, [items[b] for b in rows for _ in demo_texts[b]])
             it = iter(combined.tolist())
             demo_rows = {b: [next(it) for _ in demo_texts[b]] for b in rows}
-            self._join_groups(policy, batch, demos, demo_rows, weight, tag)
+            self._join_groups(policy, batch, demos, demo_rows, weight, tag, bound)
         elif demos and weight > 0:
-            batch.aux_losses.append(_SGTTransferLoss(demos, weight, self.advantage_plus, tag, self.max_grad_share))
+            batch.aux_losses.append(_SGTTransferLoss(demos, weight, self.advantage_plus, tag, bound))
         batch.counts["sgt_demos"] = float(len(demos) if weight > 0 else 0)
         batch.metrics.update({
             f"{tag}/rescue_set_size": Sum(len(chosen)), f"{tag}/transfers": Sum(len(demos)),
             f"{tag}/retokenize_failures": Sum(failures),
         })
         self._note(ctx, name, seen_now, solved_now, {items[b].prompt_id for b in chosen})
+        note_rescue_control(ctx, self.ledger, policy, batch, set(chosen), tag, "rescued")
         if seen:
             batch.metrics[f"{tag}/rescued_later_solved_share"] = Mean(len(solved & seen) / len(seen), len(seen))
+
+    def _step_bound(self, ctx, policy, batch, tag: str) -> float | None:
+        """This step's ``max_grad_share`` for ``policy`` (:class:`ShareBound`), logged as ``<tag>/grad_share_bound``.
+
+        The adaptive bound follows the receiver's own strong-part rollouts of the step, summed
+        over its ranks when it runs on several.
+        """
+        name = policy.policy_name
+        state = self.bound_state.setdefault(name, {"level": None, "reference": None})
+        if self.bound.low is not None:
+            strong = getattr(policy, "strong_parts", None) or []
+            rows = [b for b, item in enumerate(batch.scored.items) if item.part in strong]
+            counts = {"successes": float(batch.scored.success[rows].sum()) if rows else 0.0,
+                      "count": float(batch.scored.success[rows].numel()) if rows else 0.0}
+            workers = getattr(ctx, "workers", None)
+            if workers is not None and workers.group_size(name) > 1:
+                counts = workers.group_sum(name, counts)
+            self.bound.track(state, ctx.rollout_step, counts["successes"], counts["count"])
+        value = self.bound.step_bound(ctx.rollout_step, state["level"], state["reference"])
+        if value is not None:
+            batch.metrics[f"{tag}/grad_share_bound"] = value
+        return value
 
     def _note(self, ctx, name: str, seen: set[str], solved: set[str], rescued: set[str]) -> None:
         """Add this step's prompts seen again, solved again and rescued to ``name``'s bookkeeping.
@@ -294,7 +277,8 @@ class SuccessGatedTransfer(MRLCallback):
         self.solved_after_rescue[name] |= solved
         self.rescued[name] |= rescued
 
-    def _join_groups(self, policy, batch, demos, demo_rows: dict[int, list[float]], weight: float, tag: str) -> None:
+    def _join_groups(self, policy, batch, demos, demo_rows: dict[int, list[float]], weight: float, tag: str,
+                     bound: float | None) -> None:
         """``transfer_mode: group``: the demos join their prompts' groups as extra samples.
 
         The rescued rows' own advantages are replaced by those over the group of own + demos
@@ -311,7 +295,7 @@ class SuccessGatedTransfer(MRLCallback):
         batch.counts["sequences"] = batch.counts.get("sequences", 0.0) + float(len(demos))
         batch.counts["tokens"] = batch.counts.get("tokens", 0.0) + float(sum(len(c) for _, c in demos))
         flat = torch.cat(demo_adv)
-        batch.aux_losses.append(_SGTGroupLoss(demos, flat, weight, tag, self.max_grad_share))
+        batch.aux_losses.append(_SGTGroupLoss(demos, flat, weight, tag, bound))
         batch.metrics[f"{tag}/transfer_advantage_mean"] = Mean(float(flat.mean()), len(flat))
 
     @staticmethod
@@ -332,7 +316,9 @@ class SuccessGatedTransfer(MRLCallback):
         ~3.4 bytes an id in a checkpoint instead of ~18)."""
         return {"rescued": {k: pack_ids(v) for k, v in self.rescued.items()},
                 "seen_after_rescue": {k: pack_ids(v) for k, v in self.seen_after_rescue.items()},
-                "solved_after_rescue": {k: pack_ids(v) for k, v in self.solved_after_rescue.items()}}
+                "solved_after_rescue": {k: pack_ids(v) for k, v in self.solved_after_rescue.items()},
+                "ledger": self.ledger.state_dict(),
+                "bound": {k: dict(v) for k, v in self.bound_state.items()}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s sets. A state without ``seen_after_rescue`` (written
@@ -341,6 +327,10 @@ class SuccessGatedTransfer(MRLCallback):
         self.solved_after_rescue = {k: unpack_ids(v) for k, v in state_dict["solved_after_rescue"].items()}
         seen = state_dict.get("seen_after_rescue", state_dict["solved_after_rescue"])
         self.seen_after_rescue = {k: unpack_ids(v) for k, v in seen.items()}
+        self.ledger = RescueLedger()
+        if "ledger" in state_dict:  # written before the control was kept: it starts empty
+            self.ledger.load_state_dict(state_dict["ledger"])
+        self.bound_state = {k: dict(v) for k, v in state_dict.get("bound", {}).items()}
 
     def merge_rank_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
         """One state from this callback's :meth:`state_dict` on several worker processes.
@@ -375,5 +365,8 @@ class SuccessGatedTransfer(MRLCallback):
             for key, per_policy in parts.items():
                 for policy, prompts in per_policy.items():
                     merged[key].setdefault(policy, set()).update(unpack_ids(prompts))
-        return {key: {policy: pack_ids(prompts) for policy, prompts in per_policy.items()}
-                for key, per_policy in merged.items()}
+        out = {key: {policy: pack_ids(prompts) for policy, prompts in per_policy.items()}
+               for key, per_policy in merged.items()}
+        out["ledger"] = merge_ledger_states([state["ledger"] for state in states if "ledger" in state])
+        out["bound"] = {k: v for state in states for k, v in state.get("bound", {}).items()}  # per receiver
+        return out

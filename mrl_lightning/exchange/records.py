@@ -27,7 +27,7 @@ class RolloutRecord:
         logprobs: ``[L]`` float, nats: per-token sampling log-probs (temperature applied).
         offsets: ``[L]`` (start, end) character offsets into ``completion_text``.
         reward: Scalar reward in [0, 1] (NaN when no verifier could score it).
-        finish_reason: ``"eos"`` or ``"length"``.
+        finish_reason: ``"stop"`` (ended at a stop token) or ``"length"`` (``"eos"`` in older records).
         tokenizer_fingerprint: Hash identifying the source tokenizer.
         sample_index: Index g of the completion in its group (schema 2). Two equal
             completions sampled for one prompt are two samples, not duplicates.

@@ -119,8 +119,8 @@ class PolicyPlacement:
     memory: str = "full"
 
 
-def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int) -> dict[str, float]:
-    """One policy on one worker, bytes (module docstring).
+def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int, shards: int = 1) -> dict[str, float]:
+    """One policy on one worker, bytes (module docstring); ``shards``: the ranks an ``fsdp`` policy is sharded over.
 
     Returns:
         ``states`` (weights, gradients, optimizer moments, reference model: resident),
@@ -133,6 +133,8 @@ def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int) -> dic
     trainable = shape.params if shape.trainable is None else shape.trainable
     adapter = shape.trainable is not None  # a LoRA policy: the reference is the base, no second copy
     states = 4 * shape.params + 12 * trainable + (4 * shape.params if policy.beta > 0 and not adapter else 0)
+    if getattr(policy, "fsdp", False) and shards > 1:  # 1/k of weights, gradients, moments and the reference
+        states /= shards
     per_layer = 2 * (34 * s * shape.hidden + 5 * shape.heads * s * s)
     if getattr(policy, "gradient_checkpointing", False):  # each layer's input kept, one layer's activations
         layers = shape.layers * 4 * s * shape.hidden + per_layer
@@ -143,10 +145,13 @@ def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int) -> dic
     return {"states": float(states), "activations": float(activations), "kv_cache": float(kv_cache)}
 
 
-def policy_memory_parts(shape: ModelShape, policy, prompts_per_rank: int) -> tuple[float, float]:
+def policy_memory_parts(shape: ModelShape, policy, prompts_per_rank: int, shards: int = 1) -> tuple[float, float]:
     """``(states, peak activations)`` of one policy on one worker, bytes: the update's activations
-    or the sampling KV cache, whichever is larger (they do not coexist)."""
-    terms = policy_memory_terms(shape, policy, prompts_per_rank)
+    or the sampling KV cache, whichever is larger (they do not coexist). An ``fsdp`` policy's full
+    weights are gathered for its rollouts: counted with the peak."""
+    terms = policy_memory_terms(shape, policy, prompts_per_rank, shards)
+    if getattr(policy, "fsdp", False) and shards > 1:
+        return terms["states"], max(terms["activations"], terms["kv_cache"]) + 4 * shape.params
     return terms["states"], max(terms["activations"], terms["kv_cache"])
 
 
@@ -190,7 +195,7 @@ def build_plan(
     for name, ranks in placement.groups.items():
         shape = shapes.get(name)
         per_rank = -(-batch_size // len(ranks))
-        states, peak = policy_memory_parts(shape, policies[name], per_rank) if shape else (None, None)
+        states, peak = policy_memory_parts(shape, policies[name], per_rank, len(ranks)) if shape else (None, None)
         rows.append(PolicyPlacement(
             policy=name, family=shape.family if shape else "?", params=shape.params if shape else None,
             vocab=shape.vocab if shape else None, ranks=ranks, device=device, strategy=strategy,
@@ -198,14 +203,14 @@ def build_plan(
             states_gib=states / GIB if shape else None,
             # a recipe's sizes are upper bounds until its tokenizer is trained
             size_is_bound=bool(getattr(policies[name], "builds_from_recipe", False)),
-            memory=memory_options(policies[name], shape),
+            memory=memory_options(policies[name], shape, len(ranks)),
         ))
     return rows
 
 
-def memory_options(policy, shape: ModelShape | None) -> str:
-    """The plan's ``memory`` cell: which of LoRA and gradient checkpointing are on."""
-    parts = []
+def memory_options(policy, shape: ModelShape | None, shards: int = 1) -> str:
+    """The plan's ``memory`` cell: which of LoRA, FSDP and gradient checkpointing are on."""
+    parts = [f"FSDP/{shards}"] if getattr(policy, "fsdp", False) else []
     if getattr(policy, "use_peft", False):
         count = f" ({shape.trainable / 1e6:.2f}M trainable)" if shape is not None and shape.trainable else ""
         parts.append(f"LoRA r={policy.lora_r}{count}")

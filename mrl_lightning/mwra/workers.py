@@ -212,6 +212,18 @@ class Workers:
                 out.extend(parts[position % len(ranks)][position // len(ranks)])
         return out
 
+    def process_group(self, policy: str):
+        """The ``torch.distributed`` process group of ``policy``'s ranks (this rank must be one of them).
+
+        Raises:
+            ValueError: the policy runs on one rank only (it has no group), or not on this rank.
+        """
+        group = self._groups.get(policy)
+        if group is None:
+            raise ValueError(f"policy {policy!r} has no process group on rank {self.rank} (a group of "
+                             f"{self.group_size(policy)} rank(s): {list(self.placement.groups[policy])}).")
+        return group
+
     def group_gather(self, policy: str, obj: Any) -> list[Any]:
         """``obj`` from every rank of ``policy``'s group, in group order (``[obj]`` on a group of one)."""
         return self._group_all_gather(policy, obj)

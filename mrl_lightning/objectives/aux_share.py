@@ -19,6 +19,8 @@ bounds of several terms do not interact. Under data parallelism every gradient h
 the group's: the caller reduces ``g_0`` over the policy's ranks before the call, and each
 term's ``g_k`` is reduced (``reduce``) before its norm is taken, so k ranks measure and
 bound exactly what one rank on the whole batch would, and every rank applies the same scale.
+A policy sharded with FSDP has its gradients reduced in the backward pass itself (``reduce``
+None) and sharded: each norm is then taken over the whole mesh (:func:`_norm`).
 """
 
 from __future__ import annotations
@@ -38,8 +40,14 @@ def _take_grads(params: list[torch.nn.Parameter]) -> list[Tensor | None]:
 
 
 def _norm(grads: list[Tensor | None]) -> float:
-    parts = [g.detach().float().pow(2).sum() for g in grads if g is not None]
+    """L2 norm over every tensor; a sharded gradient (FSDP's DTensor) counts whole (summed over its mesh)."""
+    parts = [_whole(g.detach().float().pow(2).sum()) for g in grads if g is not None]
     return float(torch.stack(parts).sum().sqrt()) if parts else 0.0
+
+
+def _whole(value: Tensor) -> Tensor:
+    """A DTensor reduction's value over its whole mesh (a collective); any other tensor as it is."""
+    return value.full_tensor() if hasattr(value, "full_tensor") else value
 
 
 def share_scale(main_norm: float, term_norm: float, max_share: float | None) -> tuple[float, float]:

@@ -178,3 +178,78 @@ def sgt_group_loss(logp: Tensor, completion_mask: Tensor, advantages: Tensor, la
     per_token = -advantages.to(logp.dtype).unsqueeze(1) * logp
     return lambda_sgt * aggregate_loss(per_token, completion_mask, loss_type, max_completion_length,
                                        num_sequences=int(num_sequences), num_tokens=num_tokens)
+
+
+class ShareBound:
+    """The step's bound on the transfer's share of the update (``max_grad_share``), fixed or moving (docs/probes.md).
+
+    - fixed: ``start`` at every step;
+    - schedule (``final`` set): linear from ``start`` at rollout step 0 to ``final`` at step
+      ``ramp_steps``, ``final`` after;
+    - receiver-adaptive (``low`` set): ``start`` while the receiver's strong part holds, down
+      to ``low`` as it drops. Its level is the exponential moving average (rate ``ema``) of the
+      success rate of its own completions on strong-part prompts; its reference is that
+      average's highest value over the first ``reference_steps`` steps. With ``ratio`` = level
+      / reference: bound = ``start`` at ratio >= 1, ``low`` at ratio <= 1 - ``drop``, linear in
+      between. Before any strong-part rollout (or without strong parts) the bound is ``start``.
+
+    Args:
+        start: The bound, in (0, 1); None = no bound at all (the other options unused).
+        final: Where a schedule ends, in (0, 1); None = no schedule.
+        ramp_steps: Rollout steps of the schedule's ramp (>= 1).
+        low: The adaptive bound's floor, in (0, 1); None = not adaptive.
+        drop: Relative drop of the strong part at which the floor is reached, in (0, 1).
+        ema: Moving-average rate of the strong-part level, in (0, 1].
+        reference_steps: Steps over which the reference level is taken (>= 1).
+
+    Raises:
+        ValueError: an out-of-range value, or both a schedule and an adaptive bound.
+    """
+
+    def __init__(self, start: float | None, final: float | None = None, ramp_steps: int = 1000,
+                 low: float | None = None, drop: float = 0.1, ema: float = 0.05, reference_steps: int = 50) -> None:
+        problems = [f"{name}={value} must be in (0, 1)" for name, value in
+                    (("max_grad_share", start), ("final", final), ("low", low), ("drop", drop))
+                    if value is not None and not 0.0 < value < 1.0]
+        if not 0.0 < ema <= 1.0:
+            problems.append(f"ema={ema} must be in (0, 1]")
+        if ramp_steps < 1 or reference_steps < 1:
+            problems.append(f"ramp_steps={ramp_steps} and reference_steps={reference_steps} must be >= 1")
+        if final is not None and low is not None:
+            problems.append("a schedule (final) and an adaptive bound (low) cannot both be set")
+        if start is None and (final is not None or low is not None):
+            problems.append("a schedule or an adaptive bound needs max_grad_share (its start)")
+        if problems:
+            raise ValueError("; ".join(problems))
+        self.start, self.final, self.ramp_steps = start, final, ramp_steps
+        self.low, self.drop, self.ema, self.reference_steps = low, drop, ema, reference_steps
+
+    def step_bound(self, step: int, level: float | None = None, reference: float | None = None) -> float | None:
+        """The bound at rollout ``step``, given the adaptive ``level`` and ``reference`` (None = not known yet)."""
+        if self.start is None:
+            return None
+        if self.final is not None:
+            frac = min(1.0, max(step, 0) / self.ramp_steps)
+            return self.start + (self.final - self.start) * frac
+        if self.low is None or level is None or not reference:
+            return self.start
+        ratio = level / reference
+        frac = min(1.0, max(0.0, (1.0 - ratio) / self.drop))
+        return self.start + (self.low - self.start) * frac
+
+    def track(self, state: dict, step: int, successes: float, count: float) -> None:
+        """Update a receiver's ``state`` (``level``, ``reference``) with one step's strong-part rollouts.
+
+        Args:
+            state: The receiver's ``{"level": float | None, "reference": float | None}``, changed in place.
+            step: The rollout step of these rollouts.
+            successes: Successful completions on strong-part prompts this step (all ranks).
+            count: Completions on strong-part prompts this step (all ranks); 0 = nothing to add.
+        """
+        if self.low is None or count <= 0:
+            return
+        rate = successes / count
+        level = state.get("level")
+        state["level"] = rate if level is None else (1 - self.ema) * level + self.ema * rate
+        if step < self.reference_steps:
+            state["reference"] = max(state.get("reference") or 0.0, state["level"])

@@ -3,17 +3,25 @@
 The embedded default (docs/default.md) needs policies of different families that start good at
 one part of the task and unable to do the other. This recipe:
 
-1. trains a small tokenizer on the task text (``recipes/tokenizers.py``),
-2. builds a 2-layer model of the family from its config (``GPT2Config`` or
-   ``LlamaConfig`` + ``*ForCausalLM(config)``), no hub needed,
+1. trains a small tokenizer on the task text, or takes a real one from the mistral-common
+   wheel at its full vocabulary (``recipes/tokenizers.py``); when the policy renders its
+   prompts through a chat template (``chat_template: true``), gives it the family's chat
+   format: the template, saved with the tokenizer, and its special tokens
+   (``recipes/families.py``). A policy with a plain ``prompt_template`` gets neither, so
+   its tokenizer and model are those the recipe built before it had chat formats;
+2. builds a small model of the family from its config (GPT-2, Llama, Qwen2, Mistral or
+   Phi-3: ``*Config`` + ``*ForCausalLM(config)``), no hub needed; with a chat format whose
+   turn ends with a token of its own, the model's ``generation_config`` lists it in
+   ``eos_token_id`` next to EOS,
 3. warm-starts it by supervised training on ``warm_start_part`` only, with the
    policy's own prompt template and completions retokenized exactly as the policy would
-   receive a peer's text (THL ``retokenize``), until greedy accuracy on that part's
-   *validation* prompts reaches ``warm_start_target`` or ``warm_start_steps`` run out
-   (:func:`warm_start_split`: ``warm_start_val_size`` training prompts per part, set apart
-   before the warm-start, never trained on by it and never an evaluation question; the
-   held-out evaluation prompts are never looked at, so the step-0 evaluation is not
-   selected on); a
+   receive a peer's text (THL ``retokenize``), each completion ending with the token that
+   ends a turn in the policy's format (EOS, or the chat format's end of turn,
+   ``recipes/sft.py``), until greedy accuracy on that part's *validation* prompts reaches
+   ``warm_start_target`` or ``warm_start_steps`` run out (:func:`warm_start_split`:
+   ``warm_start_val_size`` training prompts per part, set apart before the warm-start,
+   never trained on by it and never an evaluation question; the held-out evaluation
+   prompts are never looked at, so the step-0 evaluation is not selected on); a
    warm-start that ends below its target says so in a ``warning:`` line naming the policy,
    the reached accuracy and the target, and records ``target_reached: false`` with the
    same line in ``warm_start.json`` (the line is printed again on every cache hit),
@@ -43,9 +51,10 @@ import torch
 
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.model_source import ModelRecipe
+from mrl_lightning.recipes.families import CHAT_FORMATS, FAMILIES, apply_chat_format, build_model, chat_corpus_text
+from mrl_lightning.recipes.families import model_config as family_config
+from mrl_lightning.recipes.warm_start import warm_start_shortfall, warm_start_split  # noqa: F401 - also imported from here
 from mrl_lightning.writable import write_problem
-
-FAMILIES = ("gpt2", "llama")
 
 
 def default_cache_dir() -> str:
@@ -75,82 +84,20 @@ def save_model(model, out: Path) -> None:
     save_safetensors(model, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
-def warm_start_shortfall(
-    policy_name: str, part: str | None, accuracy: dict[str, float], target: float, steps: int
-) -> str | None:
-    """The warning line for a warm-start that ended below its target; None when it reached it.
-
-    Args:
-        policy_name: The policy the recipe built.
-        part: ``warm_start_part`` (None: no warm-start, so nothing to miss).
-        accuracy: Greedy accuracy per data part at the last check, in [0, 1].
-        target: ``warm_start_target``, in [0, 1].
-        steps: Supervised steps run.
-
-    Returns:
-        ``"[<policy>] warning: warm-start stopped at step <steps> below its target: greedy
-        accuracy <a> on '<part>' < warm_start_target <t> ..."``, or None.
-    """
-    if part is None:
-        return None
-    reached = accuracy.get(part)
-    if reached is not None and reached >= target:
-        return None
-    shown = "not measured" if reached is None else f"{reached:.2f}"
-    return (f"[{policy_name}] warning: warm-start stopped at step {steps} below its target: greedy accuracy "
-            f"{shown} on {part!r} < warm_start_target {target:g}. Training starts from this model; raise "
-            "warm_start_steps (or lower warm_start_target) for a stronger start.")
-
-
-def warm_start_split(datamodule, part: str, size: int, seed: int) -> tuple[list, dict[str, list]]:
-    """The warm-start's own validation prompts, and the prompts it may train on.
-
-    For every data part, ``min(size, n // 2)`` of its n training prompts are drawn (seeded by
-    ``seed`` and the part's name, so the split is the same on every run and machine) as that
-    part's validation prompts, leaving out any whose question is also a held-out evaluation
-    question. The supervised prompts are ``part``'s training prompts whose question is none
-    of the validation questions (of any part) nor an evaluation question. The warm-start
-    selects (stops) on the validation prompts only: the held-out evaluation prompts stay
-    unseen, so the first evaluation of a run is not biased upwards by the selection.
-
-    Args:
-        datamodule: A prompt data module (``parts``, ``train_items(part)``, ``eval_items()``).
-        part: ``warm_start_part``, the part trained on.
-        size: ``warm_start_val_size``, validation prompts per part (>= 1).
-        seed: The recipe's seed.
-
-    Returns:
-        ``(sft_items, validation)``: the prompts of ``part`` to train on, and part name ->
-        validation prompts.
-
-    Raises:
-        ValueError: ``part`` is not a data part, or no prompt of ``part`` is left to train on.
-    """
-    parts = [p.name for p in datamodule.parts]
-    if part not in parts:
-        raise ValueError(f"TinyCausalLM.warm_start_part={part!r} is not a data part; valid: {parts}.")
-    held = {x.question for items in datamodule.eval_items().values() for x in items}
-    validation = {}
-    for name in parts:
-        pool = [x for x in datamodule.train_items(name) if x.question not in held]
-        validation[name] = random.Random(f"{seed}/warm-start-validation/{name}").sample(
-            pool, min(size, len(pool) // 2))
-    seen = held | {x.question for items in validation.values() for x in items}
-    sft = [x for x in datamodule.train_items(part) if x.question not in seen]
-    if not sft:
-        raise ValueError(f"TinyCausalLM: no training prompt of part {part!r} is left for the warm-start once "
-                         f"warm_start_val_size={size} validation prompts per part are set apart; lower "
-                         "warm_start_val_size or raise data.train_size.")
-    return sft, validation
-
-
 class TinyCausalLM(ModelRecipe):
     """Recipe for a tiny, optionally warm-started causal LM.
 
     Args:
-        family: "gpt2" (GPT-2 architecture) or "llama" (Llama architecture).
-        tokenizer_kind: "byte_level_bpe", "sentencepiece_bpe" or "char_level".
-        vocab_size: Tokenizer vocabulary size (ignored by char_level).
+        family: The architecture and its chat format: "gpt2", "llama", "qwen2", "mistral" or
+            "phi3" (``recipes/families.py``).
+        tokenizer_kind: Trained on the task text: "byte_level_bpe" (GPT-2 style),
+            "sentencepiece_bpe" (Llama 2 style), "char_level" or "qwen2_bpe" (Qwen2 style);
+            real, from the mistral-common wheel: "mistral_v1" (32,000 tokens), "mistral_v3"
+            (32,768) or "tekken" (131,072). A real vocabulary makes the model far larger and
+            slower on a CPU (2 layers, width 128: 4.5 M parameters at 32,768 tokens, 17.1 M at
+            131,072): use a narrow one (width 64: 2.2 M at 32,768).
+        vocab_size: Vocabulary size a trained BPE is asked for (ignored by char_level and the
+            real kinds).
         hidden_size: Model width.
         num_layers: Transformer layers.
         num_heads: Attention heads.
@@ -166,6 +113,11 @@ class TinyCausalLM(ModelRecipe):
         eval_every: Supervised steps between accuracy checks.
         seed: Seed of init and warm-start.
         cache_dir: Root of the cache; None = ``$MRL_CACHE_DIR`` or ``~/.cache/mrl_lightning``.
+        prebuilt: A folder this recipe wrote before (e.g. shipped with the repository:
+            ``models/default/gpt2``), used instead of building when its ``warm_start.json``
+            records the same recipe, templates and data; otherwise the recipe builds as
+            usual (and says why). The same starting weights on every machine: a warm-start
+            rebuilt on another CPU ends elsewhere (docs/default.md). Not part of the cache key.
 
     Raises:
         ValueError: unknown family / tokenizer kind or non-positive sizes (all at once).
@@ -188,6 +140,7 @@ class TinyCausalLM(ModelRecipe):
         eval_every: int = 100,
         seed: int = 0,
         cache_dir: str | None = None,
+        prebuilt: str | None = None,
     ) -> None:
         from mrl_lightning.recipes.tokenizers import TOKENIZER_KINDS
 
@@ -211,7 +164,7 @@ class TinyCausalLM(ModelRecipe):
         self.warm_start_target, self.warm_start_batch_size = warm_start_target, warm_start_batch_size
         self.warm_start_val_size = warm_start_val_size
         self.warm_start_lr, self.eval_every, self.seed = warm_start_lr, eval_every, seed
-        self.cache_dir = cache_dir
+        self.cache_dir, self.prebuilt = cache_dir, prebuilt
 
     @property
     def strong_parts(self) -> list[str] | None:
@@ -219,26 +172,55 @@ class TinyCausalLM(ModelRecipe):
         return [self.warm_start_part] if self.warm_start_part else None
 
     def _args(self) -> dict[str, Any]:
-        return {k: v for k, v in vars(self).items() if k != "cache_dir"}
+        return {k: v for k, v in vars(self).items() if k not in ("cache_dir", "prebuilt")}
 
     def cache_key(self, policy, datamodule) -> str:
-        """Hash of recipe, templates, data and the versions of the libraries that build it.
-
-        torch and transformers shape the model and its training; tokenizers trains the
-        tokenizer, whose merges can change between its releases.
-        """
+        """Hash of recipe, templates (the chat format and system prompt under ``chat_template``),
+        data and the versions of the libraries that build it (mistral-common's too for a real
+        tokenizer). torch and transformers shape the model and its training; tokenizers trains
+        the tokenizer, whose merges can change between its releases."""
         import tokenizers
         import transformers
 
-        payload = json.dumps(
-            {"recipe": self._args(), "prompt": policy.prompt_template, "completion": policy.completion_template,
-             "data": datamodule.fingerprint() if datamodule is not None else None,
-             "transformers": transformers.__version__, "torch": torch.__version__,
-             "tokenizers": tokenizers.__version__,
-             "v": 2},  # 2: selects on its own validation split, not on the evaluation prompts
-            sort_keys=True,
-        )
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+        from mrl_lightning.recipes.tokenizers import REAL_KINDS
+
+        content = {**self.identity(policy, datamodule), "transformers": transformers.__version__,
+                   "torch": torch.__version__, "tokenizers": tokenizers.__version__}
+        if self.tokenizer_kind in REAL_KINDS:
+            from importlib.metadata import version
+
+            content["mistral_common"] = version("mistral-common")
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+    def identity(self, policy, datamodule) -> dict[str, Any]:
+        """What the built folder is, apart from the libraries: recipe, templates (the chat format
+        and system prompt under ``chat_template``) and data (recorded in ``warm_start.json``)."""
+        content = {"recipe": self._args(), "prompt": policy.prompt_template, "completion": policy.completion_template,
+                   "data": datamodule.fingerprint() if datamodule is not None else None,
+                   "v": 2}  # 2: selects on its own validation split, not on the evaluation prompts
+        if getattr(policy, "chat_template", False):
+            fmt = CHAT_FORMATS[self.family]
+            content["chat"] = {"template": fmt.template, "special_tokens": list(fmt.special_tokens),
+                               "end_of_turn": fmt.end_of_turn, "system_prompt": policy.system_prompt}
+        return content
+
+    def _prebuilt_folder(self, policy, datamodule, log) -> Path | None:
+        """``prebuilt`` when it holds this recipe's build (same :meth:`identity`), else None (logged why)."""
+        if self.prebuilt is None:
+            return None
+        folder = Path(self.prebuilt).expanduser()
+        report_file = folder / "warm_start.json"
+        name = policy.policy_name
+        if not report_file.is_file():
+            log(f"[{name}] prebuilt={str(folder)!r} holds no warm_start.json (run from the repository root for a "
+                "relative path); building the model instead.")
+            return None
+        recorded = json.loads(report_file.read_text()).get("identity")
+        if recorded != json.loads(json.dumps(self.identity(policy, datamodule))):
+            log(f"[{name}] prebuilt={str(folder)!r} was built from other recipe, template or data settings; "
+                "building the model for these instead.")
+            return None
+        return folder
 
     def cache_folder(self, policy, datamodule) -> Path:
         """Where this recipe's model for ``policy`` and ``datamodule`` is (or will be) cached."""
@@ -302,7 +284,13 @@ class TinyCausalLM(ModelRecipe):
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
         try:
-            self._build(policy, datamodule, tmp, log)
+            prebuilt = self._prebuilt_folder(policy, datamodule, log)
+            if prebuilt is not None:  # the same weights on every machine (docs/default.md)
+                shutil.rmtree(tmp)
+                shutil.copytree(prebuilt, tmp)
+                log(f"[{policy.policy_name}] warm-started model taken from {prebuilt} (prebuilt)")
+            else:
+                self._build(policy, datamodule, tmp, log)
             if final.exists():  # another process finished first
                 shutil.rmtree(tmp)
             else:
@@ -322,15 +310,27 @@ class TinyCausalLM(ModelRecipe):
         if self.warm_start_part is not None and self.warm_start_part not in parts:
             raise ValueError(f"TinyCausalLM.warm_start_part={self.warm_start_part!r} is not a data part; "
                              f"valid: {parts}.")
-        corpus = []
+        chat = getattr(policy, "chat_template", False)
+        corpus = []  # under a chat format, its text around the prompt; its special tokens are added whole
         for part in parts:
             for item in datamodule.train_items(part)[:2000]:
-                corpus.append(policy.render_prompt(item) + policy.render_completion(item))
-        train_tokenizer(self.tokenizer_kind, corpus, self.vocab_size, out)
+                user, answer = policy.prompt_template.format(question=item.question), policy.render_completion(item)
+                corpus.append(chat_corpus_text(self.family, user, answer, policy.system_prompt) if chat
+                              else user + answer)
+        root = Path(self.cache_dir or default_cache_dir()).expanduser()
+        tokenizer = train_tokenizer(self.tokenizer_kind, corpus, self.vocab_size, out, cache_dir=root / "tokenizers")
+        stop_ids = None
+        if chat:
+            end_of_turn, eos = apply_chat_format(tokenizer, self.family)
+            stop_ids = None if end_of_turn == eos else [eos, end_of_turn]
+            tokenizer.save_pretrained(str(out))
         tokenizer = AutoTokenizer.from_pretrained(str(out))
         torch.manual_seed(self.seed)
         model = self._model(tokenizer)
-        report: dict[str, Any] = {"recipe": self._args(), "steps": 0, "accuracy": {}, "seconds": 0.0}
+        if stop_ids is not None:  # as chat models list theirs: a turn ends at either
+            model.generation_config.eos_token_id = stop_ids
+        report: dict[str, Any] = {"recipe": self._args(), "identity": self.identity(policy, datamodule), "steps": 0,
+                                  "accuracy": {}, "seconds": 0.0}
         if self.warm_start_part is not None:
             report.update(self._warm_start(model, tokenizer, policy, datamodule, log))
         save_model(model, out)
@@ -338,29 +338,22 @@ class TinyCausalLM(ModelRecipe):
         (out / "warm_start.json").write_text(json.dumps(report, indent=2))
 
     def model_config(self, vocab_size: int | None = None, **token_ids):
-        """The ``transformers`` config this recipe builds (vocabulary ``vocab_size``, default its upper bound)."""
-        from transformers import GPT2Config, LlamaConfig
+        """The ``transformers`` config this recipe builds (vocabulary ``vocab_size``; default the size
+        asked for, or a real tokenizer's own, without a chat format's added tokens)."""
+        from mrl_lightning.recipes.tokenizers import REAL_VOCAB
 
-        vocab = vocab_size or self.vocab_size
+        vocab = vocab_size or REAL_VOCAB.get(self.tokenizer_kind, self.vocab_size)
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
             token_ids.setdefault(key, None)  # the plan's estimate needs none; GPT-2's defaults lie outside V
-        if self.family == "gpt2":
-            return GPT2Config(vocab_size=vocab, n_positions=256, n_embd=self.hidden_size, n_layer=self.num_layers,
-                              n_head=self.num_heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **token_ids)
-        return LlamaConfig(vocab_size=vocab, hidden_size=self.hidden_size, intermediate_size=2 * self.hidden_size,
-                           num_hidden_layers=self.num_layers, num_attention_heads=self.num_heads,
-                           num_key_value_heads=self.num_heads, max_position_embeddings=256,
-                           tie_word_embeddings=True, **token_ids)
+        return family_config(self.family, vocab, self.hidden_size, self.num_layers, self.num_heads, **token_ids)
 
     def _model(self, tokenizer):
-        from transformers import GPT2LMHeadModel, LlamaForCausalLM
-
         cfg = self.model_config(len(tokenizer), bos_token_id=tokenizer.bos_token_id,
                                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-        return GPT2LMHeadModel(cfg) if self.family == "gpt2" else LlamaForCausalLM(cfg)
+        return build_model(cfg)
 
     def _warm_start(self, model, tokenizer, policy, datamodule, log) -> dict[str, Any]:
-        from mrl_lightning.recipes.sft import greedy_accuracy, sft_batches
+        from mrl_lightning.recipes.sft import greedy_accuracy, sft_batches, sft_loss
 
         part = self.warm_start_part
         policy_tok, policy.tokenizer = policy.tokenizer, tokenizer
@@ -373,7 +366,7 @@ class TinyCausalLM(ModelRecipe):
             for step, (ids, attn, labels) in enumerate(
                 sft_batches(policy, items, self.warm_start_batch_size, rng), start=1
             ):
-                loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+                loss = sft_loss(model, ids, attn, labels)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()

@@ -21,9 +21,10 @@ class RolloutBatch:
         prompt_ids: ``[N, P]`` int64, left-padded.
         prompt_mask: ``[N, P]`` bool, True = real prompt token.
         completion_ids: ``[N, L]`` int64, right-padded with the pad id.
-        completion_mask: ``[N, L]`` bool, True = counted (through the first EOS).
+        completion_mask: ``[N, L]`` bool, True = counted (through the first stop token).
         old_logprobs: ``[N, L]`` float32 nats under the sampling distribution (0 where masked).
-        finish_reasons: N strings, "eos" or "length".
+        finish_reasons: N strings, "stop" (ended at a stop token: EOS, the model's
+            generation-config EOS list, the chat end of turn) or "length" (the length limit).
         completion_texts: N decoded texts (special tokens removed).
         sampling_logprobs: ``[N, L]`` float32 nats when the sampler's log-probs must be
             re-scored by the update (another engine, or mixed precision); None = the old
@@ -41,7 +42,7 @@ class RolloutBatch:
 
     @property
     def truncated(self) -> Tensor:
-        """``[N]`` bool, True where generation stopped at max length without EOS."""
+        """``[N]`` bool, True where generation stopped at max length without a stop token."""
         return torch.tensor([r == "length" for r in self.finish_reasons], dtype=torch.bool)
 
 
@@ -71,7 +72,8 @@ class RolloutEngine(Protocol):
     runs the model itself ignores it. ``prompt_seeds`` (one per prompt) make each prompt's
     completions depend on its seed alone, not on the other prompts of the call, so
     placements that split the prompts differently sample the same completions; None =
-    seeds drawn from torch's current generator.
+    seeds drawn from torch's current generator. ``stop_token_ids`` end a completion (finish
+    ``stop``, the stop token kept and counted); every engine stops on the same set.
     """
 
     name: str
@@ -91,4 +93,5 @@ class RolloutEngine(Protocol):
         policy_name: str | None = None,
         weights_version: int = 0,
         prompt_seeds: list[int] | None = None,
+        stop_token_ids: list[int] | None = None,
     ) -> RolloutBatch: ...

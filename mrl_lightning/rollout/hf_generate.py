@@ -28,9 +28,11 @@ runs under the same autocast (an incremental KV-cache decode and one full forwar
 differently in bf16); exactly 1 when the old log-probs are recomputed by a no-grad forward
 of the training model under the same autocast, which is what TRL does.
 
-Completion mask: True for every token up to and including the first EOS. It is built
-from the EOS position, not from ``!= pad``, so the real EOS stays counted when
-``pad_token_id == eos_token_id``.
+Stops: a completion ends at the first of the policy's stop ids (EOS, every id of the
+model's generation-config EOS list, its chat template's end of turn: ``stop_token_ids``),
+finish ``stop``; only the length limit gives ``length``. Completion mask: True for every
+token up to and including that stop token. It is built from the stop position, not from
+``!= pad``, so the real stop token stays counted when ``pad_token_id == eos_token_id``.
 """
 
 from __future__ import annotations
@@ -305,6 +307,7 @@ class HFGenerateEngine:
         policy_name: str | None = None,
         weights_version: int = 0,
         prompt_seeds: list[int] | None = None,
+        stop_token_ids: list[int] | None = None,
         share_prompt_prefill: bool = True,
     ) -> RolloutBatch:
         """Sample ``num_generations`` completions per prompt, with the policy's settings only.
@@ -325,6 +328,9 @@ class HFGenerateEngine:
             prompt_seeds: One seed per prompt: its G completions are drawn from that seed alone
                 (:func:`seeded_sampling`), whatever else is in the batch; None = seeds drawn from
                 torch's current generator.
+            stop_token_ids: Ids that end a completion (finish ``stop``; the policy's EOS, its
+                model's generation-config EOS list and its chat end of turn); None = the
+                tokenizer's EOS.
             share_prompt_prefill: Run each prompt once and share its KV cache across its
                 G rows (:func:`mrl_lightning.forward.shared_prefix_cache`); False = one plain
                 ``generate`` over the B*G rows.
@@ -339,6 +345,7 @@ class HFGenerateEngine:
             raise ValueError("prompt_ids is empty; nothing to generate.")
         if temperature <= 0:
             raise ValueError(f"temperature={temperature} must be > 0.")
+        stops = list(stop_token_ids) if stop_token_ids else [tokenizer.eos_token_id]
         repeated = [p for p in prompt_ids for _ in range(num_generations)]
         ids, mask = left_pad(repeated, tokenizer.pad_token_id)
         device = next(model.parameters()).device
@@ -349,7 +356,7 @@ class HFGenerateEngine:
         # generate itself runs its greedy search over the tempered, filtered, perturbed scores.
         config = sampling_generation_config(
             max_new_tokens=max_completion_length, do_sample=False, temperature=temperature, top_p=top_p,
-            top_k=top_k, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+            top_k=top_k, pad_token_id=tokenizer.pad_token_id, eos_token_id=stops,
         )
         processors = seeded_sampling(prompt_seeds, len(prompt_ids), num_generations, temperature, top_p, top_k) \
             if do_sample else None
@@ -363,14 +370,17 @@ class HFGenerateEngine:
                     u_ids, u_mask = left_pad(prompt_ids, tokenizer.pad_token_id)
                     prefix = shared_prefix_cache(model, u_ids.to(device), u_mask.to(device), num_generations)
                 with _quiet_padding_warning():
+                    # synced_gpus off: transformers turns it on for an FSDP model and then all-reduces on the
+                    # default group at every token, which hangs when the policy's group is not every rank;
+                    # a sharded policy generates from its full weights (mwra/sharding.py full_weights)
                     out = model.generate(input_ids=ids, attention_mask=mask.long(), generation_config=config,
-                                         logits_processor=processors, **prefix)
+                                         logits_processor=processors, synced_gpus=False, **prefix)
         finally:
             model.train(was_training)
         completion = out.sequences[:, ids.shape[1]:]
         logits = torch.stack(out.logits, dim=1).float() / temperature  # [N, L, V]
         logp = torch.gather(logits, 2, completion.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-        cmask, has_eos = completion_mask_from_eos(completion, tokenizer.eos_token_id)
+        cmask, has_eos = completion_mask_from_eos(completion, stops)
         # Rows that finished early were filled with pad; never count those positions.
         logp = torch.where(cmask, logp, torch.zeros_like(logp))
         completion = torch.where(cmask, completion, torch.full_like(completion, tokenizer.pad_token_id))
@@ -384,6 +394,6 @@ class HFGenerateEngine:
             texts.append(decoded[key])
         return RolloutBatch(
             prompt_ids=ids, prompt_mask=mask, completion_ids=completion, completion_mask=cmask,
-            old_logprobs=logp, finish_reasons=["eos" if e else "length" for e in has_eos.tolist()],
+            old_logprobs=logp, finish_reasons=["stop" if e else "length" for e in has_eos.tolist()],
             completion_texts=texts,
         )

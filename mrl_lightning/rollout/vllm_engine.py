@@ -55,7 +55,7 @@ from mrl_lightning.rollout.base import RolloutBatch, left_pad
 from mrl_lightning.thl import decode_completion
 
 # vLLM's finish reasons (vllm.v1.engine.FINISH_REASON_STRINGS) -> the rollout contract's.
-FINISH_REASONS = {"stop": "eos", "length": "length"}
+FINISH_REASONS = {"stop": "stop", "length": "length"}
 _SEED_RANGE = 2**31 - 1
 
 
@@ -141,9 +141,12 @@ class ColocatedVLLM:
     def __init__(self, llm: Any, sampling_params_cls: Any) -> None:
         self.llm, self.sampling_params_cls = llm, sampling_params_cls
 
-    def sample(self, prompt_ids, n, seeds, temperature, top_p, top_k, max_tokens) -> list[list[Sample]]:
+    def sample(self, prompt_ids, n, seeds, temperature, top_p, top_k, max_tokens, stop_ids) -> list[list[Sample]]:
+        # stop_token_ids: vLLM ends a request at any of them with finish "stop" and keeps the
+        # token in the output ids (it does so for EOS and generation-config EOS ids alike).
         params = [self.sampling_params_cls(n=n, temperature=temperature, top_p=top_p, top_k=top_k,
-                                           max_tokens=max_tokens, logprobs=0, seed=seed) for seed in seeds]
+                                           max_tokens=max_tokens, logprobs=0, seed=seed,
+                                           stop_token_ids=list(stop_ids)) for seed in seeds]
         outputs = self.llm.generate([{"prompt_token_ids": list(ids)} for ids in prompt_ids], params, use_tqdm=False)
         out = []
         for request in outputs:
@@ -172,19 +175,20 @@ class ServerVLLM:
             completion from a truncated one: the server's completions carry no finish reason.
     """
 
-    def __init__(self, client: Any, stop_ids: set[int]) -> None:
-        self.client, self.stop_ids = client, stop_ids
+    def __init__(self, client: Any) -> None:
+        self.client = client
 
-    def sample(self, prompt_ids, n, seeds, temperature, top_p, top_k, max_tokens) -> list[list[Sample]]:
+    def sample(self, prompt_ids, n, seeds, temperature, top_p, top_k, max_tokens, stop_ids) -> list[list[Sample]]:
+        stops = set(stop_ids)
         out = []
         for ids, seed in zip(prompt_ids, seeds):  # one request per prompt: its own seed, as colocated
             reply = self.client.generate(prompts=[list(ids)], n=n, repetition_penalty=1.0, temperature=temperature,
                                          top_p=top_p, top_k=top_k, min_p=0.0, max_tokens=max_tokens, logprobs=0,
-                                         generation_kwargs={"seed": seed})
+                                         generation_kwargs={"seed": seed, "stop_token_ids": sorted(stops)})
             rows = []
             for tokens, lps, lp_ids in zip(reply["completion_ids"], reply["logprobs"], reply["logprob_token_ids"]):
                 chosen = [lp[ids_t.index(tok)] for tok, lp, ids_t in zip(tokens, lps, lp_ids)]
-                stopped = bool(tokens) and tokens[-1] in self.stop_ids
+                stopped = bool(tokens) and tokens[-1] in stops  # the server's reply carries no finish reason
                 rows.append(Sample(list(tokens), chosen, "stop" if stopped else "length"))
             out.append(rows)
         return out
@@ -253,6 +257,7 @@ class VLLMEngine:
         policy_name: str | None = None,
         weights_version: int = 0,
         prompt_seeds: list[int] | None = None,
+        stop_token_ids: list[int] | None = None,
         **_: Any,
     ) -> RolloutBatch:
         """Sample ``num_generations`` completions per prompt with the policy's settings only.
@@ -272,6 +277,8 @@ class VLLMEngine:
                 the parameters changed since the last push (:func:`weights_key`).
             prompt_seeds: One seed per prompt (vLLM seeds completion g of a request ``seed + g``);
                 None = ``base + b*G`` with ``base`` drawn from torch's current generator.
+            stop_token_ids: Ids that end a completion with finish ``stop`` (passed to vLLM as
+                ``stop_token_ids``); None = the tokenizer's EOS.
 
         Returns:
             :class:`~mrl_lightning.rollout.base.RolloutBatch` with N = B * G rows, tensors on the model's device;
@@ -296,8 +303,10 @@ class VLLMEngine:
         else:
             base = int(torch.randint(0, _SEED_RANGE - len(prompt_ids) * n, (1,)))
             seeds = [base + b * n for b in range(len(prompt_ids))]
+        stops = list(stop_token_ids) if stop_token_ids else [tokenizer.eos_token_id]
         samples = self.backend.sample(prompt_ids, n, seeds, temperature if do_sample else 0.0,
-                                      top_p if do_sample else 1.0, top_k if do_sample else 0, max_completion_length)
+                                      top_p if do_sample else 1.0, top_k if do_sample else 0, max_completion_length,
+                                      stops)
         if not do_sample:
             samples = [rows * num_generations for rows in samples]
         return self._batch(model, tokenizer, prompt_ids, samples, num_generations, policy_name)

@@ -275,14 +275,17 @@ def encode_prompt_text(tokenizer: Any, prompt_text: str) -> list[int]:
     return ids
 
 
-def retokenize(tokenizer: Any, prompt_text: str, completion_text: str, add_eos: bool = False) -> Retokenized:
+def retokenize(tokenizer: Any, prompt_text: str, completion_text: str, add_eos: bool = False,
+               eos_id: int | None = None) -> Retokenized:
     """The target tokenizer's own ids for a prompt and a (peer's) completion (docs/thl.md).
 
     Args:
         tokenizer: Target Hugging Face fast tokenizer.
         prompt_text: The prompt as rendered for the target (template applied).
         completion_text: The completion text; may end in a cut character (see module doc).
-        add_eos: Append ``tokenizer.eos_token_id`` to ``completion_ids``.
+        add_eos: Append the end id to ``completion_ids``.
+        eos_id: The id to append (what the receiver's own completions end with, e.g. a chat
+            template's end-of-turn token); None = ``tokenizer.eos_token_id``.
 
     Returns:
         A :class:`Retokenized`; ``decode_completion(tokenizer, completion_ids)`` equals
@@ -304,7 +307,7 @@ def retokenize(tokenizer: Any, prompt_text: str, completion_text: str, add_eos: 
         prompt_ids = cache[prompt_text] = encode_prompt_text(tokenizer, prompt_text)
     out.prompt_ids = list(prompt_ids)
     if add_eos:
-        eos = getattr(tokenizer, "eos_token_id", None)
+        eos = eos_id if eos_id is not None else getattr(tokenizer, "eos_token_id", None)
         if eos is None:
             raise ValueError(
                 f"add_eos=True but {type(tokenizer).__name__} has no eos_token; set tokenizer.eos_token or pass "

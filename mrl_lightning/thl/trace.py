@@ -170,6 +170,7 @@ def transfer_trace(
     prompt_text: str,
     completion_text: str,
     add_eos: bool = False,
+    eos_id: int | None = None,
 ) -> MappedTrace:
     """Retokenize a peer completion for the receiver and map its log-probs (docs/thl.md).
 
@@ -180,7 +181,8 @@ def transfer_trace(
         target_tokenizer: The receiver's fast tokenizer.
         prompt_text: The prompt rendered with the receiver's template.
         completion_text: The completion text (as in ``RolloutRecord.completion_text``).
-        add_eos: Append the receiver's EOS (it receives the source EOS log-prob if any).
+        add_eos: Append the receiver's end id (it receives the source's end log-prob if any).
+        eos_id: That id (the receiver's end of turn, e.g. ``<|eot_id|>``); None = its EOS.
 
     Returns:
         A :class:`MappedTrace`.
@@ -191,7 +193,7 @@ def transfer_trace(
             is not in the source vocabulary.
     """
     source_ids = source_ids.tolist() if hasattr(source_ids, "tolist") else list(source_ids)
-    retok = retokenize(target_tokenizer, prompt_text, completion_text, add_eos=add_eos)
+    retok = retokenize(target_tokenizer, prompt_text, completion_text, add_eos=add_eos, eos_id=eos_id)
     src_pieces = token_bytes(source_tokenizer, source_ids)
     tgt_pieces = token_bytes(target_tokenizer, retok.completion_ids)
     alignment = align_bytes(src_pieces, tgt_pieces)

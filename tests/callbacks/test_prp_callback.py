@@ -82,7 +82,7 @@ def scored_from_texts(policy, items, texts: list[list[str]], rewards: list[list[
         old, _ = policy.completion_logprobs(p_ids, p_mask, c_ids, c_mask)
     old = torch.where(c_mask, old, torch.zeros_like(old))
     flat = [t for group in texts for t in group]
-    rollouts = RolloutBatch(p_ids, p_mask, c_ids, c_mask, old, ["eos"] * len(rows), flat)
+    rollouts = RolloutBatch(p_ids, p_mask, c_ids, c_mask, old, ["stop"] * len(rows), flat)
     r = torch.tensor(rewards)
     return ScoredRollouts(policy.policy_name, items, rollouts, r.reshape(-1, 1), r, r >= 1.0, prompts, r.reshape(-1))
 

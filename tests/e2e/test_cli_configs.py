@@ -149,3 +149,22 @@ def test_a_stacked_snippet_carries_no_option_over_from_the_config_below(snippet,
         for key, value in (got.get("init_args") or {}).items():
             expected = (want.get("init_args") or {}).get(key, defaults.get(key))
             assert value == expected, f"{snippet.name}: {name}.{key} = {value!r}, but the snippet says {expected!r}"
+
+
+def test_three_families_config_has_three_families_three_tokenizers_one_real_and_sgt(capsys):
+    from mrl_lightning.recipes.tokenizers import REAL_KINDS
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(REPO / "configs" / "three_families.yaml"), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    printed = yaml.safe_load(capsys.readouterr().out)
+    recipes = [p["init_args"]["model"]["init_args"] for p in printed["model"]["policies"]]
+    assert [p["init_args"]["name"] for p in printed["model"]["policies"]] == ["qwen2", "mistral", "phi3"]
+    assert [r["family"] for r in recipes] == ["qwen2", "mistral", "phi3"]
+    kinds = [r["tokenizer_kind"] for r in recipes]
+    assert len(set(kinds)) == 3 and "mistral_v3" in kinds and set(kinds) & set(REAL_KINDS)
+    assert [c["class_path"] for c in printed["trainer"]["callbacks"]] == [
+        "mrl_lightning.callbacks.SharedExperienceExchange", "mrl_lightning.callbacks.SuccessGatedTransfer"]
+    # each policy is strong at a part of the data: the eval line has strong and weak numbers for all three
+    parts = {p["name"] for p in printed["data"]["init_args"]["parts"]}
+    assert {r["warm_start_part"] for r in recipes} <= parts and len(parts) == 2

@@ -28,7 +28,7 @@ def success(prompt: str = "p0", source: str = "a", step: int = 0, text: str = "4
 
 def rollout(prompt: str = "p0", source: str = "a", step: int = 0, reward: float = 1.0) -> RolloutRecord:
     return RolloutRecord(
-        prompt, source, step, "ab", (5, 6), (-0.5, -1.25), ((0, 1), (1, 2)), reward, "eos", "fp"
+        prompt, source, step, "ab", (5, 6), (-0.5, -1.25), ((0, 1), (1, 2)), reward, "stop", "fp"
     )
 
 
@@ -49,8 +49,8 @@ def test_nan_reward_rollouts_deduplicate():
 
 
 def test_nan_inside_logprobs_deduplicates_and_differs_from_finite():
-    nan_lp = RolloutRecord("p0", "a", 0, "ab", (5, 6), (float("nan"), -1.0), ((0, 1), (1, 2)), 1.0, "eos", "fp")
-    same = RolloutRecord("p0", "a", 0, "ab", (5, 6), (float("nan"), -1.0), ((0, 1), (1, 2)), 1.0, "eos", "fp")
+    nan_lp = RolloutRecord("p0", "a", 0, "ab", (5, 6), (float("nan"), -1.0), ((0, 1), (1, 2)), 1.0, "stop", "fp")
+    same = RolloutRecord("p0", "a", 0, "ab", (5, 6), (float("nan"), -1.0), ((0, 1), (1, 2)), 1.0, "stop", "fp")
     ex = ExperienceExchange()
     assert ex.publish([nan_lp, same, rollout()]) == 2
 

@@ -27,7 +27,7 @@ def rollout(i: int, step: int = 0, tokens: int = 8, source: str = "a") -> Rollou
     rng = random.Random(i)
     return RolloutRecord(f"add/{i}", source, step, f" {i % 100}", tuple(rng.randrange(400) for _ in range(tokens)),
                          tuple(-rng.random() for _ in range(tokens)), tuple((j, j + 1) for j in range(tokens)),
-                         1.0, "eos", "fp")
+                         1.0, "stop", "fp")
 
 
 def success(i: int, step: int = 0, source: str = "a") -> SuccessRecord:
@@ -168,7 +168,7 @@ def test_rollouts_of_successes_only_publishes_rollout_records_of_verified_succes
     rollouts = RolloutBatch(
         prompt_ids=torch.ones(4, 1, dtype=torch.long), prompt_mask=torch.ones(4, 1, dtype=torch.bool),
         completion_ids=torch.tensor([[1, 2]] * 4), completion_mask=torch.ones(4, 2, dtype=torch.bool),
-        old_logprobs=torch.zeros(4, 2), finish_reasons=["eos"] * 4, completion_texts=["12", "11", "10", "12"])
+        old_logprobs=torch.zeros(4, 2), finish_reasons=["stop"] * 4, completion_texts=["12", "11", "10", "12"])
     scored = SimpleNamespace(policy="a", items=[PromptItem("add/0", "q", "12", "add", {})], rollouts=rollouts,
                              rewards=success.float(), success=success, num_generations=4,
                              verifier_rewards=success.float().view(-1))

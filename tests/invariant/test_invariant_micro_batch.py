@@ -46,7 +46,7 @@ def rollout(invariant_lm_dir):
                                       num_generations=G, max_completion_length=L, temperature=0.7)
     # Rows of different counted lengths and both finish reasons make the split non-trivial.
     assert len(set(out.completion_mask.sum(1).tolist())) > 1
-    assert set(out.finish_reasons) == {"eos", "length"}
+    assert set(out.finish_reasons) == {"stop", "length"}
     return out
 
 

@@ -117,10 +117,13 @@ def test_callback_transfers_only_verified_peer_successes_for_all_fail_prompts(ch
         _success("p2", "me", 2, " 2"),     # p2: only the receiver's own old success -> not a peer's
     ])
     trainer = SimpleNamespace(exchange=exchange, rollout_step=3)
-    policy = SimpleNamespace(policy_name="me", tokenizer=char_tokenizer, max_prompt_length=64)
+    policy = SimpleNamespace(policy_name="me", tokenizer=char_tokenizer, max_prompt_length=64,
+                             end_of_turn_id=char_tokenizer.eos_token_id)
     items = [PromptItem(pid, "q", "a", "add", {}) for pid in ("p0", "p1", "p2")]
     own = torch.tensor([[F, F], [T, F], [F, F]])
-    scored = SimpleNamespace(items=items, success=own, prompt_texts=["12 + 34?\nAnswer:", "1 + 11?", "7 - 5?"])
+    texts = ["12 + 34?\nAnswer:", "1 + 11?", "7 - 5?"]
+    scored = SimpleNamespace(items=items, success=own, prompt_texts=texts,
+                             own_prompt_ids=lambda b: char_tokenizer(texts[b])["input_ids"])
     advantages = torch.tensor([[0.0, 0.0], [0.7, -0.7], [0.0, 0.0]])
     batch = TrainBatch(scored=scored, advantages=advantages.clone())
     SuccessGatedTransfer(lambda_sgt=0.1).on_compose_batch(trainer, None, policy, batch)

@@ -71,7 +71,8 @@ def _update(lm_dir, probe: SuccessGatedTransfer | None):
                                            num_generations=G, max_completion_length=L)
     items = [PromptItem("p0", "1 + 2", "3", "add", {}), PromptItem("p1", "7 - 5", "2", "sub", {})]
     success = torch.tensor([[True, False, False], [False, False, False]])
-    scored = SimpleNamespace(items=items, success=success, prompt_texts=PROMPTS, rollouts=rollouts)
+    scored = SimpleNamespace(items=items, success=success, prompt_texts=PROMPTS, rollouts=rollouts,
+                             own_prompt_ids=lambda b: rollouts.prompt_ids[b * G][rollouts.prompt_mask[b * G]].tolist())
     batch = TrainBatch(scored=scored, advantages=ADVANTAGES.clone())
     if probe is not None:
         exchange = ExperienceExchange()

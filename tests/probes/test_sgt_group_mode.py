@@ -80,12 +80,14 @@ def test_callback_in_group_mode_replaces_the_rescued_rows_advantages_and_counts_
     exchange.publish([SuccessRecord(prompt_id="p0", source="peer", step=3, completion_text=" 46", reward=1.0,
                                     verifier="rg_exact", verifier_version="test")])
     trainer = SimpleNamespace(exchange=exchange, rollout_step=3)
-    policy = SimpleNamespace(policy_name="me", tokenizer=char_tokenizer, max_prompt_length=64, scale_rewards="group")
+    policy = SimpleNamespace(policy_name="me", tokenizer=char_tokenizer, max_prompt_length=64, scale_rewards="group",
+                             end_of_turn_id=char_tokenizer.eos_token_id)
     items = [PromptItem("p0", "q", "46", "add", {}), PromptItem("p1", "q", "2", "sub", {})]
     success = torch.tensor([[False] * 4, [True, False, False, False]])
     rewards = success.float() + 0.2  # combined rewards: the format reward counts too
-    scored = SimpleNamespace(items=items, success=success, rewards=rewards,
-                             prompt_texts=["12 + 34?\nAnswer:", "7 - 5?"])
+    texts = ["12 + 34?\nAnswer:", "7 - 5?"]
+    scored = SimpleNamespace(items=items, success=success, rewards=rewards, prompt_texts=texts,
+                             own_prompt_ids=lambda b: char_tokenizer(texts[b])["input_ids"])
     advantages = torch.tensor([[0.0] * 4, [1.5, -0.5, -0.5, -0.5]])
     batch = TrainBatch(scored=scored, advantages=advantages.clone(), counts={"sequences": 8.0, "tokens": 20.0})
     def score(texts, score_items):  # a verifier (1) plus a format reward (0.2 for any answer)

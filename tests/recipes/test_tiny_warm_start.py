@@ -98,3 +98,29 @@ def test_warm_start_that_reaches_its_target_says_nothing(tmp_path):
     report = json.loads((folder / "warm_start.json").read_text())
     assert not any("warning:" in line for line in lines), lines
     assert report["target_reached"] is True and report["warning"] is None
+
+
+def test_a_prebuilt_folder_of_the_same_recipe_is_taken_and_another_one_is_built_anew(tmp_path):
+    """``prebuilt``: the same starting weights on every machine; a changed setting builds its own."""
+    import filecmp
+
+    from mrl_lightning.policy import PolicyModule
+    from mrl_lightning.recipes import TinyCausalLM
+
+    recipe, policy, data = _build(tmp_path, target=0.99)
+    shipped = recipe.materialize(policy, data, log=lambda line: None)
+    assert json.loads((shipped / "warm_start.json").read_text())["identity"]["prompt"] == policy.prompt_template
+
+    taken = TinyCausalLM(**{**recipe._args(), "cache_dir": str(tmp_path / "other"), "prebuilt": str(shipped)})
+    lines: list[str] = []
+    folder = taken.materialize(PolicyModule(name="tiny", model=taken, max_completion_length=3), data, log=lines.append)
+    assert any("taken from" in line for line in lines) and not any("warm-start step" in line for line in lines)
+    assert filecmp.cmp(folder / "model.safetensors", shipped / "model.safetensors", shallow=False)
+    assert taken.cache_key(policy, data) == recipe.cache_key(policy, data)  # prebuilt is not in the key
+
+    other = TinyCausalLM(**{**recipe._args(), "cache_dir": str(tmp_path / "third"), "prebuilt": str(shipped)})
+    changed = PolicyModule(name="tiny", model=other, max_completion_length=3, prompt_template="Q: {question}\nA:")
+    lines.clear()
+    other.materialize(changed, data, log=lines.append)
+    assert any("built from other recipe, template or data settings" in line for line in lines)
+    assert any("warm-start step" in line for line in lines)  # it built its own

@@ -225,3 +225,42 @@ def test_help_and_config_errors_import_no_data_library_and_build_no_model(write_
     for heavy in ("reasoning_gym", "transformers.models.gpt2.modeling_gpt2", "transformers.models.llama.modeling_llama",
                   "peft", "math_verify"):
         assert f" {heavy} " not in f" {modules} ", f"{heavy} was imported before the answer"
+
+
+TRAINER_KEYS = {"max_steps", "eval_every_n_steps", "devices", "accelerator", "version"}
+
+
+def test_trainer_values_are_read_from_configs_and_overrides_in_their_order(tmp_path):
+    from mrl_lightning.preflight import quick_trainer_errors
+
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("trainer:\n  max_steps: 0\n  devices: 1\n")
+    b.write_text("trainer:\n  max_steps: 4\n")
+    assert quick_trainer_errors(["fit", "--config", str(a)], TRAINER_KEYS) == [
+        "trainer.max_steps=0 must be an integer >= 1."]
+    assert quick_trainer_errors(["fit", "--config", str(a), "--config", str(b)], TRAINER_KEYS) == []  # later wins
+    assert quick_trainer_errors(["fit", "-c", str(a), "--trainer.max_steps=3"], TRAINER_KEYS) == []
+    assert quick_trainer_errors(["fit", "--config", str(b), "--trainer.max_steps", "abc",
+                                 "--trainer.eval_every_n_steps", "-2"], TRAINER_KEYS) == [
+        "trainer.max_steps='abc' must be an integer >= 1.", "trainer.eval_every_n_steps=-2 must be an integer >= 1."]
+    assert quick_trainer_errors(["fit", "--config", str(b), "--trainer.max_step", "0"], TRAINER_KEYS) == []  # unknown
+
+
+@pytest.mark.parametrize("argv", [["--print_config"], ["--help"], ["--trainer", "{max_steps: 0}"],
+                                  ["--config", "/no/such/file.yaml"]],
+                         ids=["print_config", "help", "whole-section", "unreadable-config"])
+def test_what_the_quick_reading_is_not_sure_of_is_left_to_the_full_parse(tmp_path, argv):
+    from mrl_lightning.preflight import quick_trainer_errors
+
+    assert quick_trainer_errors(["fit", "--trainer.max_steps", "0", *argv], TRAINER_KEYS) == []
+
+
+def test_a_bad_trainer_value_is_refused_before_the_config_is_parsed(write_tiny_config, monkeypatch, capsys):
+    from mrl_lightning.config_keys import MRLArgumentParser
+
+    def no_parse(self, *args, **kwargs):
+        raise AssertionError("the whole config was parsed before the trainer value was checked")
+
+    monkeypatch.setattr(MRLArgumentParser, "parse_args", no_parse)
+    err = _refused(capsys, "--config", str(write_tiny_config()), "--trainer.max_steps", "0")
+    assert err == "mrl: configuration error:\nInvalid trainer config:\n  - trainer.max_steps=0 must be an integer >= 1.\n"

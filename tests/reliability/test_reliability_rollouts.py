@@ -128,7 +128,7 @@ def test_completion_of_only_eos_counts_one_token_and_trains(make_policy):
     with force_logits(policy.model, _eos_only(policy)):
         scored = _system(policy, reward).rollout(policy, ITEMS, seed=0)
     r = scored.rollouts
-    assert r.completion_mask.sum(1).tolist() == [1] * 8 and r.finish_reasons == ["eos"] * 8
+    assert r.completion_mask.sum(1).tolist() == [1] * 8 and r.finish_reasons == ["stop"] * 8
     assert r.completion_texts == [""] * 8 and reward.seen == [""] * 8  # the verifier gets the empty text
     metrics, changed = _update(policy, scored)
     assert torch.isfinite(torch.tensor(metrics["train/tiny/loss"])) and changed

@@ -56,3 +56,40 @@ def tiny_lm(tiny_lm_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     return AutoModelForCausalLM.from_pretrained(str(tiny_lm_dir)), AutoTokenizer.from_pretrained(str(tiny_lm_dir))
+
+
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + '<|end|>' }}"
+                 "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
+
+
+def build_tiny_chat_gpt2(folder, end_boost: float = 6.0, seed: int = 0):
+    """A tiny GPT-2 chat model whose turn ends with ``<|end|>``, not EOS (as Phi-3's does).
+
+    The tokenizer gets Phi-3-style role markers and a chat template; the saved
+    ``generation_config.json`` lists ``[eos, <|end|>]`` as a chat model's does; the final
+    layer-norm bias is pushed toward ``<|end|>`` so that it is sampled often and EOS rarely.
+    """
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from mrl_lightning.recipes.tokenizers import train_char_level
+
+    tok = train_char_level(TINY_CORPUS, folder)
+    tok.add_special_tokens({"additional_special_tokens": ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]})
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(str(folder))
+    end = tok.convert_tokens_to_ids("<|end|>")
+    cfg = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2, n_positions=128, initializer_range=0.5,
+                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(cfg)
+    with torch.no_grad():
+        w = model.transformer.wte.weight[end]
+        model.transformer.ln_f.bias += end_boost * w / w.pow(2).sum()
+    model.generation_config.eos_token_id = [tok.eos_token_id, end]
+    model.save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_dir(tmp_path_factory):
+    return build_tiny_chat_gpt2(tmp_path_factory.mktemp("rollout_tiny_chat"))

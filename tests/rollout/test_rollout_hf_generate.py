@@ -69,11 +69,11 @@ def test_engine_keeps_real_eos_in_mask_and_reports_finish_reason(rollout):
     eos = tok.eos_token_id
     assert out.completion_ids.shape == (12, 6) and out.completion_mask.shape == (12, 6)
     reasons = set(out.finish_reasons)
-    assert reasons == {"eos", "length"}, "the fixture model should produce both kinds with this seed"
+    assert reasons == {"stop", "length"}, "the fixture model should produce both kinds with this seed"
     for row, mask, reason in zip(out.completion_ids.tolist(), out.completion_mask.tolist(), out.finish_reasons):
         n = sum(mask)
         assert mask == [True] * n + [False] * (6 - n)  # a prefix
-        if reason == "eos":
+        if reason == "stop":
             assert row[n - 1] == eos  # the sampled EOS is counted ...
             assert eos not in row[: n - 1]  # ... and it is the first one
             assert row[n:] == [tok.pad_token_id] * (6 - n)
@@ -87,7 +87,7 @@ def test_old_logprobs_are_counted_at_eos_and_zero_after(rollout):
     m = out.completion_mask
     assert (out.old_logprobs[m] < 0).all()  # includes the EOS positions
     assert (out.old_logprobs[~m] == 0).all()
-    eos_rows = [i for i, r in enumerate(out.finish_reasons) if r == "eos"]
+    eos_rows = [i for i, r in enumerate(out.finish_reasons) if r == "stop"]
     last = m[eos_rows].sum(1) - 1
     assert (out.old_logprobs[eos_rows, last] < 0).all()
 
@@ -104,7 +104,7 @@ def test_texts_exclude_eos_and_match_counted_tokens(rollout):
                                        out.finish_reasons):
         assert "</s>" not in text
         counted = row[mask].tolist()
-        if reason == "eos":
+        if reason == "stop":
             counted = counted[:-1]  # the EOS adds no text
         assert text == _char_level_bytes(tok, counted).decode("utf-8", errors="replace")
 

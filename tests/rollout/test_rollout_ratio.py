@@ -56,7 +56,7 @@ def test_importance_ratio_is_one_before_the_first_update(tiny_lm_dir, temperatur
     # The batch exercises what could break the match: left padding of unequal prompts,
     # completions that end at an EOS (then pad == EOS) and ones that hit the length limit.
     assert len(set(out.prompt_mask.sum(1).tolist())) == 3
-    assert set(out.finish_reasons) == {"eos", "length"}
+    assert set(out.finish_reasons) == {"stop", "length"}
     with torch.no_grad():
         logp, _ = policy.completion_logprobs(out.prompt_ids, out.prompt_mask, out.completion_ids, m)
     ratio = torch.exp(logp - out.old_logprobs)[m]

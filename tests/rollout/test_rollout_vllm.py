@@ -113,14 +113,14 @@ def test_engine_returns_the_rollout_contract(tiny_lm_dir):
         [(G, 0.7, 1.0, 0, L, 0)] * len(PROMPTS)
     assert [p.seed - params[0].seed for p in params] == [0, G, 2 * G]
     eos, pad = policy.tokenizer.eos_token_id, policy.tokenizer.pad_token_id
-    assert set(out.finish_reasons) == {"eos", "length"}  # the fixture's EOS is likely: both occur
+    assert set(out.finish_reasons) == {"stop", "length"}  # the fixture's EOS is likely: both occur
     for row in range(n):
         m = out.completion_mask[row]
         ids = out.completion_ids[row]
         k = int(m.sum())
         assert m[:k].all() and not m[k:].any()  # a prefix
         assert (ids[k:] == pad).all() and (out.old_logprobs[row, k:] == 0).all()
-        if out.finish_reasons[row] == "eos":
+        if out.finish_reasons[row] == "stop":
             assert ids[k - 1] == eos and (ids[: k - 1] != eos).all()  # through the first EOS
         else:
             assert k == L and (ids[:k] != eos).all()
@@ -277,7 +277,7 @@ def test_server_mode_samples_and_pushes_through_the_client(tiny_lm_dir):
     client = FakeVLLMClient(FakeLLM(str(tiny_lm_dir)))
     engine = build_vllm_engine(policy, [policy], len(PROMPTS), factory=lambda p: client)
     out = _generate(engine, policy)
-    assert set(out.finish_reasons) == {"eos", "length"}
+    assert set(out.finish_reasons) == {"stop", "length"}
     delta = (_trainer_logprobs(policy, out) - out.sampling_logprobs)[out.completion_mask]
     assert delta.abs().max() < 1e-4
     _large_step(policy, out)

@@ -34,7 +34,7 @@ def sampled(tiny_lm):
 def test_shared_prefill_samples_the_same_tokens_with_the_same_log_probs(sampled):
     shared, plain = sampled[True], sampled[False]
     assert torch.equal(shared.completion_ids, plain.completion_ids)
-    assert set(plain.finish_reasons) == {"eos", "length"}  # rows end early: pads follow EOS
+    assert set(plain.finish_reasons) == {"stop", "length"}  # rows end early: pads follow EOS
     torch.testing.assert_close(shared.old_logprobs, plain.old_logprobs, rtol=1e-5, atol=1e-5)
 
 
@@ -53,8 +53,14 @@ def test_shared_prompt_forward_matches_the_plain_pass_in_values_and_gradients(ti
     (shared, g_shared), (plain, g_plain) = results[True], results[False]
     torch.testing.assert_close(shared[r.completion_mask], plain[r.completion_mask], rtol=0, atol=1e-5)
     assert (plain[r.completion_mask] - plain[r.completion_mask].mean()).abs().max() > 0.1  # log-probs do vary
+    # Both passes sum the same per-token terms in another order, so an element's rounding is of the
+    # order of float32's epsilon (1.2e-7) times the size of the terms it sums, which the tensor's
+    # largest gradient bounds, not of the element itself (a near-zero sum of large terms carries
+    # their rounding: 1.45e-6 seen on an AVX2 CPU next to gradients of ~1). Tolerance: 1e-5 of the
+    # tensor's largest entry (~100 epsilons), and 1e-4 relative; a real difference (a wrong mask, a
+    # missed position) moves whole gradients by far more.
     for a, b in zip(g_shared, g_plain):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))
     model.zero_grad(set_to_none=True)
 
 

@@ -13,8 +13,9 @@ What is modelled, from vLLM's source:
   per step: float32 logits -> ``raw`` log-probs -> temperature -> top-k -> top-p ->
   sample; ``processed_logprobs`` = ``log_softmax`` of the processed logits
   (``vllm/v1/sample/sampler.py``, ``ops/topk_topp_sampler.py``). The EOS token ends a
-  completion and stays in ``token_ids`` (``finish_reason="stop"``); ``max_tokens`` gives
-  ``"length"`` (``vllm/v1/core/sched/utils.py``). Returned ``logprobs`` hold the sampled
+  completion and stays in ``token_ids`` (``finish_reason="stop"``), and so does any id of
+  ``stop_token_ids`` (``check_stop`` appends the sampled token before it compares); ``max_tokens``
+  gives ``"length"`` (``vllm/v1/core/sched/utils.py``). Returned ``logprobs`` hold the sampled
   token per position (``logprobs=0``).
 - The prefix cache: a prompt's KV is computed once and reused until
   ``reset_prefix_cache()``, even after the weights change, as vLLM's block cache does.
@@ -23,7 +24,7 @@ What is modelled, from vLLM's source:
   ``KeyError`` on an unknown name.
 - ``VLLMClient``: ``generate(...)`` returns ``prompt_ids`` / ``completion_ids`` /
   ``logprobs`` / ``logprob_token_ids``; ``get_server_info()["model_config"]["logprobs_mode"]``;
-  ``update_model_params(model)``; ``reset_prefix_cache()``.
+  ``update_model_params(model)``; ``update_named_param(name, weights)``; ``reset_prefix_cache()``.
 """
 
 from __future__ import annotations
@@ -44,12 +45,13 @@ class FakeSamplingParams:
     def __init__(self, *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  max_tokens: int | None = 16, logprobs: int | None = None, seed: int | None = None,
                  repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                 min_p: float = 0.0, min_tokens: int = 0) -> None:
+                 min_p: float = 0.0, min_tokens: int = 0, stop_token_ids: list[int] | None = None) -> None:
         self.n, self.temperature, self.top_p, self.top_k = n, temperature, top_p, top_k
         self.max_tokens, self.logprobs, self.seed = max_tokens, logprobs, seed
         self.repetition_penalty, self.presence_penalty, self.frequency_penalty = (
             repetition_penalty, presence_penalty, frequency_penalty)
         self.min_p, self.min_tokens = min_p, min_tokens
+        self.stop_token_ids = list(stop_token_ids or [])
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
         if top_k < -1:
@@ -184,7 +186,7 @@ class FakeLLM:
             chosen = processed if self.logprobs_mode == "processed_logprobs" else raw
             tokens.append(token)
             lps.append(float(chosen[token]))
-            if token == eos:
+            if token == eos or token in params.stop_token_ids:  # kept in token_ids, as vLLM's check_stop
                 finish = "stop"
                 break
             out = self.hf(input_ids=torch.tensor([[token]]), use_cache=True, **{_cache_arg(self.hf): cache})
@@ -232,6 +234,9 @@ class FakeVLLMClient:
 
     def update_model_params(self, model: torch.nn.Module) -> None:
         self.llm.runner_model.load_weights((name, p.data) for name, p in model.named_parameters())
+
+    def update_named_param(self, name: str, weights: torch.Tensor) -> None:
+        self.llm.runner_model.load_weights([(name, weights)])
 
     def reset_prefix_cache(self) -> None:
         self.llm.reset_prefix_cache()

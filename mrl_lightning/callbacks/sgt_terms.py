@@ -1,0 +1,87 @@
+"""SGT's loss terms and the packed prompt-id sets of its checkpoint (docs/probes.md).
+
+:class:`_SGTTransferLoss` (``transfer_mode: nll``) and :class:`_SGTGroupLoss` (``group``) are
+the :class:`~mrl_lightning.batch.AuxiliaryLoss` terms :class:`~mrl_lightning.callbacks.SuccessGatedTransfer`
+appends to a receiver's batch; :func:`pack_ids` / :func:`unpack_ids` store its sets of prompt ids.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+
+from mrl_lightning.batch import AuxiliaryLoss
+from mrl_lightning.metrics import Mean
+from mrl_lightning.probes.sgt import pad_demos, sgt_group_loss, sgt_loss
+
+
+def pack_ids(ids) -> bytes:
+    """A set of prompt ids as ``zlib`` of their sorted, newline-joined text (weights-only loadable, exact).
+
+    Raises:
+        ValueError: an id holds a newline (it could not be told apart on unpacking).
+    """
+    ids = sorted(ids)
+    if any("\n" in i for i in ids):
+        raise ValueError(f"pack_ids: prompt id {next(i for i in ids if chr(10) in i)!r} holds a newline.")
+    return zlib.compress("\n".join(ids).encode("utf-8"), 9)
+
+
+def unpack_ids(packed) -> set[str]:
+    """Inverse of :func:`pack_ids`; a list of ids (the format before packing) is read as it is."""
+    if isinstance(packed, (bytes, bytearray)):
+        text = zlib.decompress(packed).decode("utf-8")
+        return set(text.split("\n")) if text else set()
+    return set(packed)
+
+
+def _demo_logprobs(policy, model, demos) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """The receiver's per-token log-probs of its demos.
+
+    Returns:
+        ``([D, Lc] log-probs (nats, with grad), [D, Lc] completion mask, mean NLL per token (nats))``.
+    """
+    p_ids, p_mask, c_ids, c_mask = pad_demos(demos, policy.tokenizer.pad_token_id)
+    device = next(policy.model.parameters()).device
+    logp, _ = policy.completion_logprobs(p_ids.to(device), p_mask.to(device), c_ids.to(device),
+                                         c_mask.to(device), model=model)
+    c_mask = c_mask.to(device)
+    return logp, c_mask, float((-(logp.detach() * c_mask).sum() / c_mask.sum().clamp(min=1)))
+
+
+class _SGTTransferLoss(AuxiliaryLoss):
+    """``transfer_mode: nll``: ``lambda * A_plus * mean NLL`` over the demos of every rank (:func:`sgt_loss`)."""
+
+    name = "sgt"
+
+    def __init__(self, demos, lambda_sgt: float, advantage_plus: float, tag: str,
+                 max_grad_share: float | None = None) -> None:
+        self.demos, self.lambda_sgt, self.advantage_plus, self.tag = demos, lambda_sgt, advantage_plus, tag
+        self.max_grad_share = max_grad_share
+
+    def __call__(self, policy, model, totals: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
+        logp, c_mask, nll = _demo_logprobs(policy, model, self.demos)
+        loss = sgt_loss(logp, c_mask, self.lambda_sgt, self.advantage_plus,
+                        num_demos=float(totals.get("sgt_demos", 0.0)) or None)
+        return loss, {f"{self.tag}/nll_nats": Mean(nll, float(c_mask.sum()))}
+
+
+class _SGTGroupLoss(AuxiliaryLoss):
+    """``transfer_mode: group``: the demos as extra GRPO samples (:func:`sgt_group_loss`)."""
+
+    name = "sgt"
+
+    def __init__(self, demos, advantages: torch.Tensor, lambda_sgt: float, tag: str,
+                 max_grad_share: float | None = None) -> None:
+        self.demos, self.advantages, self.lambda_sgt, self.tag = demos, advantages, lambda_sgt, tag
+        self.max_grad_share = max_grad_share
+
+    def __call__(self, policy, model, totals: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
+        logp, c_mask, nll = _demo_logprobs(policy, model, self.demos)
+        # the normalizers of own samples + demos, summed over the policy's ranks
+        loss = sgt_group_loss(logp, c_mask, self.advantages.to(c_mask.device), self.lambda_sgt, policy.loss_type,
+                              num_sequences=float(totals.get("sequences", 0.0)),
+                              num_tokens=float(totals.get("tokens", 0.0)),
+                              max_completion_length=policy.max_completion_length)
+        return loss, {f"{self.tag}/nll_nats": Mean(nll, float(c_mask.sum()))}
