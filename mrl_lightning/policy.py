@@ -23,8 +23,8 @@ from mrl_lightning.chat import completion_end_id, encode_rendered, render_chat_p
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.forward import completion_logits
 from mrl_lightning.model_source import ModelRecipe
-from mrl_lightning.policy_checks import (grpo_option_errors, memory_option_errors, note_prompt_lengths, source_errors,
-                                         template_errors)
+from mrl_lightning.policy_checks import (grpo_option_errors, memory_option_errors, note_prompt_lengths, position_errors,
+                                         source_errors, template_errors)
 from mrl_lightning.rollout.options import engine_config_errors
 
 
@@ -230,6 +230,7 @@ class PolicyModule(pl.LightningModule):
         for key, template, field in (("prompt_template", self.prompt_template, "question"),
                                      ("completion_template", self.completion_template, "answer")):
             errors.extend(template_errors(p, key, template, field))
+        errors.extend(position_errors(self))
         errors.extend(source_errors(self))  # loads the tokenizer of a folder or hub id (policy_checks)
         return errors
 

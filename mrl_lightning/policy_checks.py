@@ -6,7 +6,9 @@ any model is built, and for a recipe's tokenizer once the recipe has made it:
 - :func:`source_errors`: a ``model`` / ``tokenizer`` folder that does not exist, a hub id
   that cannot be reached offline (:mod:`mrl_lightning.hub`), a tokenizer that
   :func:`tokenizer_errors` rejects (no EOS, no pad token, a missing chat template);
-- :func:`template_errors`: a ``str.format`` template without its one field.
+- :func:`template_errors`: a ``str.format`` template without its one field;
+- :func:`position_errors`: ``max_prompt_length + max_completion_length`` beyond the positions
+  of the model a recipe builds.
 
 Two things can make a policy unable to see its question, and neither raises on its own:
 
@@ -30,7 +32,7 @@ from types import SimpleNamespace
 
 from mrl_lightning.chat import chat_template_errors
 from mrl_lightning.hub import HubUnreachableError, hub_load_kwargs
-from mrl_lightning.model_source import looks_local
+from mrl_lightning.model_source import ModelRecipe, looks_local
 
 PROBE_QUESTIONS = ("What is 12 + 7?", "Name the capital of France, in one word.")
 
@@ -175,6 +177,31 @@ def tokenizer_errors(policy, source: str) -> list[str]:
     if errors:
         policy.tokenizer = None
     return errors
+
+
+def position_errors(policy) -> list[str]:
+    """A prompt plus completion longer than the positions of the model a recipe builds (read from the
+    recipe's config; a folder's or hub id's model is not read here).
+
+    Returns:
+        Error messages naming the fields, the values and the fix (empty when they fit or the
+        model is not a recipe's).
+    """
+    source = policy.model_source
+    if not isinstance(source, ModelRecipe):
+        return []
+    try:
+        config = source.model_config()
+    except Exception:  # noqa: BLE001 - the recipe reports its own errors when it builds
+        return []
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    total = policy.max_prompt_length + policy.max_completion_length
+    if positions and total > positions:
+        key = "n_positions" if getattr(config, "model_type", "") == "gpt2" else "max_position_embeddings"
+        return [f"policy {policy.policy_name!r}: max_prompt_length={policy.max_prompt_length} + "
+                f"max_completion_length={policy.max_completion_length} = {total} tokens, but the model takes "
+                f"{positions} positions. Lower them, or give the recipe config_overrides: {{{key}: {total}}}."]
+    return []
 
 
 def memory_option_errors(where: str, policy) -> list[str]:

@@ -16,6 +16,7 @@ import torch
 
 from mrl_lightning.metrics import Mean, Moments
 from mrl_lightning.mwra.rng import sampling_rng, stream_seed
+from mrl_lightning.mwra.sharding import full_weights
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -115,24 +116,27 @@ def eval_counts(
         policy = system.policies[name]
         rows = ["| part | prompt | completion | correct |", "|---|---|---|---|"]
         greedy, sampled, per_prompt = {}, {}, {}
-        for part, items in eval_items.items():
-            positions = shard_indices(name, len(items))
-            mine = [items[i] for i in positions]
-            if not mine:
-                continue
-            rate, texts = system.greedy_success(policy, mine)
-            greedy[part] = (rate * len(mine), len(mine))
-            if eval_num_generations > 0:  # each prompt from its own seed: the rank that evaluates it does not matter
-                seeds = [seed_for_part(name, part, i) for i in positions]
-                with sampling_rng(seed_for_part(name, part)):
-                    hits = system.rollout_n(policy, mine, eval_num_generations, prompt_seeds=seeds).sum(dim=1).tolist()
-                sampled[part] = (float(sum(hits)), len(mine) * eval_num_generations)
-                per_prompt[part] = ([int(h) for h in hits], eval_num_generations)
-            if with_samples(name):
-                _, _, ok = system.score(texts[:num_samples], mine[:num_samples])
-                for item, text, good in zip(mine[:num_samples], texts, ok.tolist()):
-                    prompt = policy.render_prompt(item).replace("\n", "\\n").replace("|", "\\|")
-                    rows.append(f"| {part} | {prompt} | {text!r} | {good} |")
+        # a sharded policy is gathered once, on every rank of its group, even one with no prompt of a part
+        with full_weights(policy.model):
+            for part, items in eval_items.items():
+                positions = shard_indices(name, len(items))
+                mine = [items[i] for i in positions]
+                if not mine:
+                    continue
+                rate, texts = system.greedy_success(policy, mine)
+                greedy[part] = (rate * len(mine), len(mine))
+                if eval_num_generations > 0:  # each prompt from its own seed: the evaluating rank does not matter
+                    seeds = [seed_for_part(name, part, i) for i in positions]
+                    with sampling_rng(seed_for_part(name, part)):
+                        hits = system.rollout_n(policy, mine, eval_num_generations,
+                                                prompt_seeds=seeds).sum(dim=1).tolist()
+                    sampled[part] = (float(sum(hits)), len(mine) * eval_num_generations)
+                    per_prompt[part] = ([int(h) for h in hits], eval_num_generations)
+                if with_samples(name):
+                    _, _, ok = system.score(texts[:num_samples], mine[:num_samples])
+                    for item, text, good in zip(mine[:num_samples], texts, ok.tolist()):
+                        prompt = policy.render_prompt(item).replace("\n", "\\n").replace("|", "\\|")
+                        rows.append(f"| {part} | {prompt} | {text!r} | {good} |")
         counts[name] = {"greedy": greedy, "sampled": sampled or greedy}
         if per_prompt:
             counts[name]["per_prompt"] = per_prompt

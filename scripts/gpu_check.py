@@ -13,7 +13,14 @@ for ``--steps`` steps each, in ``bf16-mixed``:
 1. one GPU, colocated (both policies on GPU 0, in turn);
 2. with two GPUs or more: one policy per GPU (``--trainer.devices 2 --trainer.strategy ddp
    --trainer.placement disjoint``);
-3. where ``vllm`` is importable: the vLLM rollout engine check (``scripts/gpu_check_vllm.py``).
+3. where ``vllm`` is importable: the vLLM rollout engine check (``scripts/gpu_check_vllm.py``);
+4. chat stops on every engine (HF generate, vLLM colocated, vLLM server on a second GPU) and
+   ``configs/three_families.yaml`` on each engine (``scripts/gpu_check_chat.py``).
+
+Never run on a GPU (no GPU was available while it was written): this script and every check
+it calls. Their logic ran on a CPU only: ``--dry-run-on-cpu``, the vLLM check and the chat
+stops against vLLM's CPU build and the double (tests/rollout/test_gpu_check_script.py,
+tests/real_vllm). Estimated at under 10 minutes on one GPU, not measured.
 
 It prints the resource plan (in each run's log), step time, per worker and phase the
 seconds (``mwra/<policy>/rollout_s``, ``update_s``, ``wait_s``), rollout tokens per
@@ -113,7 +120,12 @@ def main(argv: list[str] | None = None) -> int:
             failures.append(f"vLLM engine check exited with {code}")
     else:
         print("vllm is not importable (or scripts/gpu_check_vllm.py is absent): the vLLM engine check is skipped.")
+    chat = [sys.executable, str(REPO / "scripts" / "gpu_check_chat.py"), "--out", str(args.out / "chat"),
+            "--steps", str(min(args.steps, 5))] + (["--dry-run-on-cpu"] if args.dry_run_on_cpu else [])
+    if subprocess.call(chat, cwd=REPO):
+        failures.append("chat stop / three-family check failed (see above)")
     print("\n" + ("\n".join(f"FAIL {f}" for f in failures) if failures else "all GPU checks passed"))
+    print("(this script has never run on a GPU: see its docstring for what ran where)")
     return 1 if failures else 0
 
 

@@ -64,8 +64,7 @@ def build_model(folder: Path, family: str) -> str:
 
 def compare_engine_weights(engine, model) -> tuple[int, list[str]]:
     """(tensors compared, names that differ) between vLLM's parameters and the trainer's, by name."""
-    runner = engine.backend.llm.llm_engine.model_executor.driver_worker.model_runner.model
-    theirs = dict(runner.named_parameters())
+    theirs = engine.backend.named_parameters()
     compared, differ = 0, []
     for name, p in model.named_parameters():
         v = theirs.get(name)

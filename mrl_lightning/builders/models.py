@@ -228,5 +228,5 @@ def build_on_rank(system, datamodule, workers, fabric, log, resuming: bool = Fal
         if policy.ref_model is not None:
             policy.ref_model.to(fabric.device)
             if policy.fsdp:  # the frozen reference sharded alike: no full copy per rank
-                shard_model(policy.ref_model, workers.process_group(name), fabric.device.type)
+                shard_model(policy.ref_model, workers.process_group(name), fabric.device.type, reshard_root=True)
     return modules

@@ -200,6 +200,13 @@ class PeerRolloutPooling(MRLCallback):
                     errors.append(f"PeerRolloutPooling.{field} names policy {name!r}, which is not in "
                                   f"model.policies {names}.")
         errors += self._data_parallel_errors(getattr(ctx, "placement", None), system)
+        for name, policy in system.policies.items():
+            weight = self.lambda_per_policy.get(name, self.lambda_prp)
+            if getattr(policy, "fsdp", False) and weight == 0 and (self.receivers is None or name in self.receivers):
+                errors.append(f"PeerRolloutPooling: policy {name!r} has fsdp=true and a peer-loss weight of 0 "
+                              "(lambda_prp / lambda_per_policy); with weight 0 PRP scores the pooled peers while "
+                              "composing, a forward that only the ranks with peers would run, which a sharded model "
+                              "cannot do. Give it a weight > 0, or fsdp: false.")
         return errors
 
     def _data_parallel_errors(self, placement, system) -> list[str]:

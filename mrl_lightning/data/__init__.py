@@ -3,6 +3,8 @@
 from mrl_lightning.data.items import PromptItem
 from mrl_lightning.data.math_datasets import MathDataModule, MathPart
 from mrl_lightning.data.reasoning_gym import ReasoningGymDataModule, TaskPart
+from mrl_lightning.data.sources import MathSource
 from mrl_lightning.data.stream import PromptDataModule
 
-__all__ = ["MathDataModule", "MathPart", "PromptDataModule", "PromptItem", "ReasoningGymDataModule", "TaskPart"]
+__all__ = ["MathDataModule", "MathPart", "MathSource", "PromptDataModule", "PromptItem", "ReasoningGymDataModule",
+           "TaskPart"]

@@ -1,66 +1,74 @@
-"""Prompt data from real math datasets: GSM8K, MATH500 and alike (docs/answers.md).
+r"""Prompt data from real math datasets: GSM8K, MATH and alike (docs/answers.md).
 
-A *part* is one dataset read with Hugging Face ``datasets``: a local JSON / JSONL file
-(``load_dataset("json", data_files=...)``) or a hub dataset id with a config and split.
-Each row gives a question (``question_field``) and a reference answer
-(``answer_field``); ``answer_pattern`` pulls the final answer out of a worked solution
-(GSM8K's answers end with ``#### 72``, so its pattern is ``####\\s*(.+?)\\s*$``;
-MATH500 has a bare ``answer`` field and needs none).
+A *part* is one task (e.g. "gsm8k") with a training source and, optionally, an evaluation
+source of its own: one dataset split each, read with Hugging Face ``datasets`` from a local
+JSON / JSONL file (``load_dataset("json", data_files=...)``) or a hub dataset id with a
+config and split (:class:`~mrl_lightning.data.sources.MathSource`: fields, split slices,
+answer extraction). Train on one split, evaluate on another:
+
+```yaml
+- name: gsm8k
+  path: openai/gsm8k            # the training source: the part's own fields
+  config_name: main
+  split: train
+  answer_pattern: '####\s*(.+?)\s*$'
+  eval_size: 0                  # with eval_source: rows drawn from it, 0 = every row
+  eval_source: {path: openai/gsm8k, config_name: main, split: test, answer_pattern: '####\s*(.+?)\s*$'}
+```
 
 The public interface is that of :class:`~mrl_lightning.data.reasoning_gym.ReasoningGymDataModule`,
 so ``MRLTrainer`` drives either unchanged: ``next_batch`` yields B prompts split across
 parts by ``weight``; ``eval_items`` gives the held-out prompts by part; ``state_dict``
 holds the data position. Differences from that module:
 
-- Prompt ids are ``"<part>/<row index>"``, the 0-based row in the loaded split, the same
-  for training and evaluation rows (they are disjoint), so an id names one row of one file.
-- Evaluation rows are held out *of the same file*: ``eval_size`` rows per part chosen by a
-  permutation seeded by (seed, part); the remaining rows are the training stream, minus
-  any whose question text equals an evaluation question.
-- Rows whose answer the pattern cannot extract are dropped and counted in ``dropped``
-  (a warning names the part); a part left empty is an error.
+- Training prompt ids are ``"<part>/<row index>"``, the 0-based row in the loaded split
+  (after its slice). Evaluation rows taken from the same source keep that id (they are
+  disjoint from the training rows); rows of an ``eval_source`` are ``"<part>/eval/<row>"``.
+- Without ``eval_source``, ``eval_size`` rows per part are held out *of the training source*,
+  chosen by a permutation seeded by (seed, part). With it, the evaluation rows are the
+  eval source's (``eval_size`` of them by the same permutation, or all when 0) and every
+  training row stays in training.
+- In both cases a training row whose question text equals any evaluation question (of any
+  part) is dropped, so evaluation stays held out even when a training set contains test
+  questions; the count is warned about and kept in ``overlap_dropped``.
+- Rows whose answer cannot be extracted are dropped and counted in ``dropped`` (a warning
+  names the part and source); a source left empty is an error.
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import json
-import os
-import re
 import warnings
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from mrl_lightning.data.items import PromptItem
+from mrl_lightning.data.sources import MathSource, read_source, source_errors
 from mrl_lightning.data.stream import PromptDataModule, seed_for, stream_config_errors
 from mrl_lightning.errors import ConfigError
-
-LOCAL_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
 
 
 @dataclass
 class MathPart:
-    """One dataset of the task.
+    """One task of the data: its training source, and where it is evaluated.
 
     Attributes:
         name: Short name used in prompt ids and log tags (e.g. "gsm8k"); no "/".
-        path: A local ``.json`` / ``.jsonl`` file (a path ending so, or starting with ".", "/"
-            or "~"; relative paths resolve from the working directory, normally the repo
-            root), or else a hub dataset id or dataset folder (e.g. "openai/gsm8k").
-        split: Split to read. For a local file it names the split the file is loaded as.
-        config_name: Hub dataset config (e.g. "main" for openai/gsm8k); unused for files.
-        question_field: Column holding the question text.
-        answer_field: Column holding the reference answer or worked solution.
-        answer_pattern: Regex whose first group is the final answer, searched in the
-            answer field (multiline); "" = the whole field, stripped. A plain ``str``, not
-            ``str | None``: jsonargparse reads a ``str | None`` value that starts with "#"
-            (as GSM8K's does) as a YAML comment, i.e. None.
-        eval_size: Rows of this part held out for evaluation (0 = none).
+        path: The training source's file or hub dataset id (:class:`MathSource` ``path``).
+        split: The training source's split, with an optional slice (``MathSource.split``).
+        config_name: The training source's hub config (``MathSource.config_name``).
+        question_field: The training source's question column.
+        answer_field: The training source's answer or solution column.
+        answer_pattern: How its answer is read (``MathSource.answer_pattern``).
+        answer_extract: ``pattern`` or ``last_boxed`` (``MathSource.answer_extract``).
+        eval_size: Without ``eval_source``: rows of the training source held out for
+            evaluation (0 = no evaluation of this part). With it: rows drawn from the eval
+            source (0 = every row).
         weight: Relative share of each training batch.
+        eval_source: Where this part is evaluated, a :class:`MathSource` of its own (e.g. the
+            test split while training on the train split); None = rows held out of the
+            training source.
     """
 
     name: str
@@ -70,46 +78,29 @@ class MathPart:
     question_field: str = "question"
     answer_field: str = "answer"
     answer_pattern: str = ""
+    answer_extract: str = "pattern"
     eval_size: int = 0
     weight: float = 1.0
+    eval_source: MathSource | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.eval_source, dict):
+            self.eval_source = MathSource(**self.eval_source)
+
+    @property
+    def source(self) -> MathSource:
+        """The training source as a :class:`MathSource`."""
+        return MathSource(**{f.name: getattr(self, f.name) for f in fields(MathSource)})
 
     @property
     def is_local(self) -> bool:
-        """True when ``path`` names a local file rather than a hub dataset id."""
-        p = self.path
-        return p.endswith(LOCAL_SUFFIXES) or p.startswith((".", "/", "~")) or os.path.isabs(p)
+        """True when the training source is a local file rather than a hub dataset id."""
+        return self.source.is_local
 
     @property
-    def local_path(self) -> Path:
-        """``path`` with ``~`` expanded (relative paths stay relative to the working directory)."""
-        return Path(self.path).expanduser()
-
-
-def json_file_problem(path: Path) -> str | None:
-    """The first line of a local JSON / JSONL file that is not valid, as a message; None if all are.
-
-    A ``.jsonl`` file must hold one JSON object per non-empty line; a ``.json`` file one
-    JSON document. Read only after ``datasets`` failed to load the file, to say where.
-    """
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as fh:
-        if ".jsonl" not in str(path):
-            try:
-                json.load(fh)
-            except json.JSONDecodeError as exc:
-                return f"file {str(path)!r} line {exc.lineno} column {exc.colno} is not valid JSON ({exc.msg})."
-            return None
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                return (f"file {str(path)!r} line {lineno} is not valid JSON ({exc.msg} at column {exc.colno}): "
-                        f"{line.strip()[:80]!r}.")
-            if not isinstance(row, dict):
-                return f"file {str(path)!r} line {lineno} is a JSON {type(row).__name__}, not an object: {line.strip()[:80]!r}."
-    return None
+    def local_path(self):
+        """The training source's path with ``~`` expanded."""
+        return self.source.local_path
 
 
 def _part_errors(part: MathPart) -> list[str]:
@@ -120,18 +111,18 @@ def _part_errors(part: MathPart) -> list[str]:
         errors.append(f"{p}.name={part.name!r} must be non-empty and contain no '/' (it prefixes prompt ids).")
     if part.eval_size < 0:
         errors.append(f"{p}.eval_size={part.eval_size} must be >= 0.")
-    if part.answer_pattern:
-        try:
-            if re.compile(part.answer_pattern).groups < 1:
-                errors.append(f"{p}.answer_pattern={part.answer_pattern!r} has no capture group; wrap the "
-                              r"answer in one, e.g. '####\s*(.+?)\s*$'.")
-        except re.error as exc:
-            errors.append(f"{p}.answer_pattern={part.answer_pattern!r} is not a valid regex ({exc}).")
-    if part.is_local and not part.local_path.is_file():
-        errors.append(f"{p}.path={part.path!r} is not an existing file (resolved to "
-                      f"{part.local_path.resolve()} from {os.getcwd()}). Run from the repo root, give an "
-                      "absolute path, or give a hub dataset id with config_name and split "
-                      "(e.g. path: openai/gsm8k, config_name: main, split: test).")
+    errors.extend(source_errors(part.source, p))
+    if part.eval_source is not None:
+        if not isinstance(part.eval_source, MathSource):
+            errors.append(f"{p}.eval_source must be a mapping of MathSource fields (path, split, question_field, "
+                          f"answer_field, answer_pattern, answer_extract); got {part.eval_source!r}.")
+        else:
+            errors.extend(source_errors(part.eval_source, f"{p}.eval_source"))
+            if part.eval_source == part.source:
+                errors.append(f"{p}.eval_source is the training source itself (path={part.path!r}, "
+                              f"split={part.split!r}): every evaluation row would be a training question. Name "
+                              "another split (e.g. split: test, or slices such as 'test[:20]' / 'test[20:]'), "
+                              "or drop eval_source to hold eval_size rows out of the training source.")
     return errors
 
 
@@ -159,102 +150,97 @@ class MathDataModule(PromptDataModule):
             raise ConfigError("Invalid data config:\n  - " + "\n  - ".join(errors))
         self.parts = parts
         self.dropped: dict[str, int] = {}
+        self.overlap_dropped: dict[str, int] = {}
 
     # ------------------------------------------------------------------ loading
-    def _load_rows(self, part: MathPart):
-        """The part's split as a ``datasets.Dataset``.
+    def _items(self, part: MathPart, source: MathSource, where: str, id_prefix: str) -> list[PromptItem]:
+        """Every usable row of one of the part's sources, in order, with ids ``id_prefix + "<row>"``.
 
         Raises:
-            ConfigError: ``datasets`` is not installed, or the hub dataset cannot be loaded.
+            ConfigError: see :func:`~mrl_lightning.data.sources.read_source`.
         """
-        try:
-            import datasets
-        except ImportError as exc:
-            raise ConfigError("MathDataModule needs the `datasets` package: "
-                              "pip install 'mrl-lightning[math]'.") from exc
-        if part.is_local:
-            try:
-                return datasets.load_dataset("json", data_files={part.split: str(part.local_path)}, split=part.split)
-            except Exception as exc:  # datasets says only "An error occurred while generating the dataset"
-                problem = json_file_problem(part.local_path)
-                if problem is None:
-                    raise
-                raise ConfigError(f"data.parts[{part.name}].path={part.path!r}: {problem} Fix or delete that line "
-                                  "(each line of a .jsonl file is one JSON object).") from exc
-        try:
-            return datasets.load_dataset(part.path, part.config_name, split=part.split)
-        except Exception as exc:  # reported as a config error with its cause
-            raise ConfigError(
-                f"data.parts[{part.name}]: hub dataset path={part.path!r} config_name={part.config_name!r} "
-                f"split={part.split!r} could not be loaded ({type(exc).__name__}: {exc}). Without hub access, "
-                "download the split as JSONL and give its local path.") from exc
+        rows, dropped = read_source(source, where)
+        self.dropped[part.name] = self.dropped.get(part.name, 0) + dropped
+        if dropped:
+            how = ("answer_extract='last_boxed' found no box" if source.answer_extract == "last_boxed"
+                   else f"answer answer_pattern={source.answer_pattern!r} could not extract")
+            warnings.warn(f"{where}: dropped {dropped} of {len(rows) + dropped} rows whose {how} "
+                          f"({source.describe()}).", stacklevel=2)
+        described = source.describe()
+        return [PromptItem(f"{id_prefix}{index}", question, answer, part.name,
+                           {"row": index, "source": described, "fields": row, "metadata": {"part": part.name}})
+                for index, question, answer, row in rows]
 
-    def _extract(self, part: MathPart, raw: Any) -> str | None:
-        text = str(raw)
-        if not part.answer_pattern:
-            return text.strip() or None
-        match = re.search(part.answer_pattern, text, flags=re.MULTILINE)
-        return match.group(1).strip() if match and match.group(1).strip() else None
-
-    def _items(self, part: MathPart) -> list[PromptItem]:
-        """Every usable row of the part, in file order, with ids ``"<part>/<row>"``.
-
-        Raises:
-            ConfigError: a field is missing (lists the columns) or no row has an answer.
-        """
-        rows = self._load_rows(part)
-        missing = [f"{k}={getattr(part, k)!r}" for k in ("question_field", "answer_field")
-                   if getattr(part, k) not in rows.column_names]
-        if missing:
-            raise ConfigError(f"data.parts[{part.name}]: {', '.join(missing)} not in {part.path!r}; "
-                              f"its columns are {rows.column_names}.")
-        items = []
-        source = str(part.local_path) if part.is_local else f"{part.path}:{part.config_name}:{part.split}"
-        for index, row in enumerate(rows):
-            answer = self._extract(part, row[part.answer_field])
-            if answer is None:
-                continue
-            entry = {"row": index, "source": source, "fields": dict(row), "metadata": {"part": part.name}}
-            items.append(PromptItem(f"{part.name}/{index}", str(row[part.question_field]), answer, part.name, entry))
-        self.dropped[part.name] = len(rows) - len(items)
-        if not items:
-            raise ConfigError(f"data.parts[{part.name}]: answer_pattern={part.answer_pattern!r} matched no row of "
-                              f"{part.answer_field!r} in {part.path!r}; fix the pattern or set it to ''.")
-        if self.dropped[part.name]:
-            warnings.warn(f"data.parts[{part.name}]: dropped {self.dropped[part.name]} of {len(rows)} rows "
-                          f"whose answer answer_pattern={part.answer_pattern!r} could not extract.", stacklevel=2)
-        return items
+    def _held_out(self, part: MathPart, n: int) -> set[int]:
+        """Positions of the ``eval_size`` evaluation rows among ``n`` (a permutation seeded by (seed, part))."""
+        order = np.random.default_rng(seed_for(self.seed, part.name, "eval")).permutation(n)
+        return set(order[:part.eval_size].tolist())
 
     def setup(self, stage: str | None = None) -> None:
-        """Load every part and split off its evaluation rows (idempotent).
+        """Load every part's sources and set its evaluation rows apart (idempotent).
 
         Raises:
-            ConfigError: see :meth:`_items`; or eval_size leaves no training row.
+            ConfigError: see :meth:`_items`; eval_size leaves no training row, asks for more
+                rows than an eval source has, or every training row is an evaluation question.
         """
         if self._train:
             return
         train_all, eval_all = {}, {}
         for part in self.parts:
-            items = self._items(part)
-            if part.eval_size >= len(items):
-                raise ConfigError(f"data.parts[{part.name}].eval_size={part.eval_size} leaves no training row "
-                                  f"({len(items)} usable rows); lower eval_size.")
-            order = np.random.default_rng(seed_for(self.seed, part.name, "eval")).permutation(len(items))
-            held = set(order[:part.eval_size].tolist())
-            evals = [x for i, x in enumerate(items) if i in held]
-            questions = {x.question for x in evals}
-            train = [x for i, x in enumerate(items) if i not in held and x.question not in questions]
-            eval_all[part.name], train_all[part.name] = evals, train
+            where = f"data.parts[{part.name}]"
+            items = self._items(part, part.source, where, f"{part.name}/")
+            if part.eval_source is None:
+                if part.eval_size >= len(items):
+                    raise ConfigError(f"{where}.eval_size={part.eval_size} leaves no training row "
+                                      f"({len(items)} usable rows); lower eval_size.")
+                held = self._held_out(part, len(items))
+                eval_all[part.name] = [x for i, x in enumerate(items) if i in held]
+                train_all[part.name] = [x for i, x in enumerate(items) if i not in held]
+                continue
+            evals = self._items(part, part.eval_source, f"{where}.eval_source", f"{part.name}/eval/")
+            if part.eval_size > len(evals):
+                raise ConfigError(f"{where}.eval_size={part.eval_size} but its eval_source has {len(evals)} usable "
+                                  f"rows ({part.eval_source.describe()}); lower eval_size, or set it to 0 to "
+                                  "evaluate on every row.")
+            if part.eval_size:
+                held = self._held_out(part, len(evals))
+                evals = [x for i, x in enumerate(evals) if i in held]
+            eval_all[part.name], train_all[part.name] = evals, items
+        questions = {x.question for xs in eval_all.values() for x in xs}
+        self.overlap_dropped = {}
+        for part in self.parts:
+            kept = [x for x in train_all[part.name] if x.question not in questions]
+            self.overlap_dropped[part.name] = len(train_all[part.name]) - len(kept)
+            if not kept:
+                raise ConfigError(f"data.parts[{part.name}]: every training row's question is also an evaluation "
+                                  "question; train on another split or evaluate on fewer rows (eval_size).")
+            if self.overlap_dropped[part.name]:
+                warnings.warn(f"data.parts[{part.name}]: dropped {self.overlap_dropped[part.name]} training rows "
+                              "whose question is also an evaluation question (the training source holds evaluation "
+                              "questions); evaluation stays held out.", stacklevel=2)
+            train_all[part.name] = kept
         self._eval, self._train = eval_all, train_all
         self.check_prompt_ids()
 
     # ------------------------------------------------------------------ identity and resume
     def fingerprint(self) -> str:
-        """Short hash of the config and of each local file's bytes (what determines the prompts)."""
+        """Short hash of the config and of each local file's bytes (what determines the prompts).
+
+        A part without ``eval_source`` and with the default ``answer_extract`` hashes as it did
+        before those options existed, so warm-start caches built on it stay valid.
+        """
         h = hashlib.sha256(f"{self.seed}".encode())
         for p in self.parts:
             h.update(repr((p.name, p.path, p.split, p.config_name, p.question_field, p.answer_field,
                            p.answer_pattern, p.eval_size, p.weight)).encode())
-            if p.is_local and p.local_path.is_file():
-                h.update(hashlib.sha256(p.local_path.read_bytes()).digest())
+            sources = [p.source]
+            if p.answer_extract != "pattern":
+                h.update(f"answer_extract={p.answer_extract}".encode())
+            if p.eval_source is not None:
+                h.update(repr(("eval_source", *(getattr(p.eval_source, f.name) for f in fields(MathSource))))
+                         .encode())
+                sources.append(p.eval_source)
+            for source in sources:
+                if source.is_local and source.local_path.is_file():
+                    h.update(hashlib.sha256(source.local_path.read_bytes()).digest())
         return h.hexdigest()[:12]

@@ -6,14 +6,19 @@ device, nothing is loaded), validated, and printed before any model is built (do
 Memory estimate per worker (one process), in GiB, documented for what it is:
 
 - each policy it runs: 4 bytes per parameter (fp32 weights) and 12 more per *trainable*
-  parameter (gradients and AdamW's two moments: all of them, or a LoRA adapter's), and 4
-  more per parameter for a frozen reference model when ``beta > 0`` (none for LoRA, whose
-  reference is the base with the adapter off), all resident; plus, for the one policy whose phase runs, the larger of the
-  activations of one micro-batch (per layer ``34·s·h + 5·a·s²`` bytes per sequence at 16
-  bits, Korthikanti et al. 2022, doubled for fp32, with s = max_prompt_length +
-  max_completion_length, an upper bound; with ``gradient_checkpointing`` each layer keeps
-  only its fp32 input, ``4·s·h``, plus one layer's activations; plus the kept logits,
-  ``(L + 1)·V`` floats twice) and the KV cache of sampling;
+  parameter (gradients and AdamW's two moments: all of them, or a LoRA adapter's), 4 more
+  per parameter for a frozen reference model when ``beta > 0`` (none for LoRA, whose
+  reference is the base with the adapter off), all resident;
+- on CPU workers, 3.5 KiB per vocabulary entry for every policy's tokenizer not loaded when
+  the plan is built (a recipe's): every worker loads every tokenizer (THL reads them);
+- for the one policy whose phase runs, the larger of the update's activations of one
+  micro-batch (per layer ``34·s·h + 5·a·s²`` bytes per sequence at 16 bits, Korthikanti et
+  al. 2022, doubled for fp32, with s = max_prompt_length + max_completion_length, an upper
+  bound; with ``gradient_checkpointing`` each layer keeps only its fp32 input, ``4·s·h``,
+  plus one layer's activations; plus five float32 copies of the completion logits
+  ``[micro, L + 1, V]``) and sampling (the KV cache, plus, with the Hugging Face engine,
+  two float32 copies of the ``[N, L, V]`` logits that ``generate`` keeps); on CPU workers
+  the checkpoint's gather over processes may be larger still (:func:`checkpoint_gather_gib`);
 - on the CPU, the process's own footprint measured when the plan is built (Python, torch,
   Lightning, tokenizers: about 0.5-0.7 GB here), which dominates for tiny models.
 
@@ -25,11 +30,11 @@ fragmentation, the CUDA context (~0.3-0.5 GiB per GPU). The loop logs the measur
 from __future__ import annotations
 
 import os
-import resource
 from dataclasses import dataclass
 
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.mwra.placement import Placement
+from mrl_lightning.mwra.process import omp_threads, peak_memory_gib, process_rss_bytes  # noqa: F401 - also from here
 
 GIB = 2**30
 
@@ -102,6 +107,9 @@ class PolicyPlacement:
             (shown as ``<=`` in :func:`format_plan`).
         memory: The memory options on for this policy (``LoRA r=16 (0.52M trainable)``,
             ``grad. ckpt``), or ``full`` (every weight trained, activations kept).
+        tokenizer_gib: Host memory of its tokenizer when the plan has not loaded it (a
+            recipe's), GiB; every worker loads it.
+        checkpoint_gib: Its part of a checkpoint (kept weights and AdamW moments), GiB.
     """
 
     policy: str
@@ -117,32 +125,100 @@ class PolicyPlacement:
     states_gib: float | None = None
     size_is_bound: bool = False
     memory: str = "full"
+    tokenizer_gib: float = 0.0
+    checkpoint_gib: float = 0.0
 
 
 def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int, shards: int = 1) -> dict[str, float]:
-    """One policy on one worker, bytes (module docstring); ``shards``: the ranks an ``fsdp`` policy is sharded over.
+    """One policy's memory terms, bytes (module docstring; docs/mwra.md, "The resource plan").
+
+    - ``states``: weights, gradients, optimizer moments and reference model, resident on each
+      worker that runs the policy (1/``shards`` of them for an ``fsdp`` policy);
+    - ``activations``: one micro-batch of the update: every layer's activations (Korthikanti
+      et al. 2022, an upper bound) plus 5 float32 copies of its completion logits
+      ``[micro, L + 1, V]`` (the forward's logits, their tempered copy, logsumexp's
+      exponentials, and in the backward the logits' gradient; the first iteration's entropy
+      takes a softmax and a product of the same size);
+    - ``kv_cache``: sampling with the Hugging Face engine: the KV cache, plus 2 float32
+      copies of ``[N, L, V]`` logits: ``generate`` keeps every step's logits, and the engine
+      reads the sampled tokens' log-probs from them one step at a time (at V = 131,072 this is
+      most of a sampling worker's peak). A vLLM policy samples in its engine's own memory:
+      only the KV cache term is left;
+    - ``tokenizer``: host memory of the tokenizer when it is not loaded when the plan is built
+      (a recipe's, made after the plan; a hub or folder tokenizer is loaded by the config
+      checks and is in the measured footprint): 3.5 KiB per vocabulary entry. Every worker
+      loads every policy's tokenizer (THL reads them);
+    - ``checkpoint``: this policy's part of a checkpoint, as its group leader sends it: the
+      weights it keeps (every weight, or a LoRA adapter's) and AdamW's two moments.
+
+    ``activations`` and ``kv_cache`` exist only while the policy's phase runs, one at a time.
+    The constants were measured on a CPU in float32 at V = 32,000 and 131,072
+    (``benchmarks/real_path.py``).
+
+    Args:
+        shape: The model's shape (:func:`model_shape`).
+        policy: The policy (its generation, batch and memory options are read).
+        prompts_per_rank: Prompts per step on one of its workers.
+        shards: The ranks an ``fsdp`` policy is sharded over (its checkpoint part is whole:
+            checkpoints hold full tensors).
 
     Returns:
-        ``states`` (weights, gradients, optimizer moments, reference model: resident),
-        ``activations`` (one micro-batch of the update) and ``kv_cache`` (HF sampling);
-        the last two exist only while the policy's phase runs, one at a time.
+        ``states``, ``activations``, ``kv_cache``, ``tokenizer`` and ``checkpoint``, in bytes.
     """
+    update_logit_copies = 5    # [micro, L + 1, V] float32 one micro-batch holds at its peak: 4.6-5.1 measured
+    sampling_logit_copies = 2  # [N, L, V] float32 Hugging Face sampling holds at its end: 1.0-1.6 measured
+    tokenizer_bytes_per_token = 3584  # a fast tokenizer + THL's byte table: 1.7 KiB (Tekken) - 3.3 KiB (Mistral v1)
     n = policy.num_generations * prompts_per_rank
     micro = min(policy.micro_batch_size or n, n)
-    s = policy.max_prompt_length + policy.max_completion_length
+    length = policy.max_completion_length
+    s = policy.max_prompt_length + length
     trainable = shape.params if shape.trainable is None else shape.trainable
     adapter = shape.trainable is not None  # a LoRA policy: the reference is the base, no second copy
     states = 4 * shape.params + 12 * trainable + (4 * shape.params if policy.beta > 0 and not adapter else 0)
     if getattr(policy, "fsdp", False) and shards > 1:  # 1/k of weights, gradients, moments and the reference
         states /= shards
+    # built after the plan (a recipe): not in the footprint measured when the plan is built
+    tokenizer = tokenizer_bytes_per_token * shape.vocab if getattr(policy, "tokenizer", None) is None else 0
     per_layer = 2 * (34 * s * shape.hidden + 5 * shape.heads * s * s)
     if getattr(policy, "gradient_checkpointing", False):  # each layer's input kept, one layer's activations
         layers = shape.layers * 4 * s * shape.hidden + per_layer
     else:
         layers = shape.layers * per_layer
-    activations = micro * (layers + 2 * 4 * (policy.max_completion_length + 1) * shape.vocab)
+    activations = micro * (layers + update_logit_copies * 4 * (length + 1) * shape.vocab)
     kv_cache = n * s * shape.layers * 2 * shape.hidden * 4
-    return {"states": float(states), "activations": float(activations), "kv_cache": float(kv_cache)}
+    if getattr(policy, "rollout_engine", "hf") == "hf":
+        kv_cache += sampling_logit_copies * 4 * n * length * shape.vocab
+    checkpoint = 4 * (trainable if adapter else shape.params) + 8 * trainable
+    return {"states": float(states), "activations": float(activations), "kv_cache": float(kv_cache),
+            "tokenizer": float(tokenizer), "checkpoint": float(checkpoint)}
+
+
+def checkpoint_gather_gib(rows: list[PolicyPlacement], rank: int) -> float:
+    """Memory a distributed checkpoint takes for a moment on worker ``rank`` of CPU workers, GiB.
+
+    Each group leader serializes its policies' parts (``torch.save`` bytes, their pickle for
+    ``torch.distributed.gather_object``, its tensor: 3 copies of its own part); rank 0 also
+    receives them (a buffer of world size + 1 times the largest rank's part, and every other
+    rank's part once more). Measured over gloo with 2 and 3 processes: 3.00x on the senders,
+    within 1% of this on rank 0 (docs/mwra.md, "The resource plan"). A single process writes
+    its state to the file as it pickles it: 0.
+
+    Args:
+        rows: The plan (:attr:`PolicyPlacement.checkpoint_gib` per policy; its first rank leads).
+        rank: The worker.
+
+    Returns:
+        The transient GiB on that worker (0 for one worker).
+    """
+    world = max((max(r.ranks) for r in rows), default=0) + 1
+    if world == 1:
+        return 0.0
+    parts = [0.0] * world
+    for r in rows:
+        parts[r.ranks[0]] += r.checkpoint_gib
+    if rank != 0:
+        return 3 * parts[rank]
+    return 3 * parts[0] + sum(parts[1:]) + (world + 1) * max(parts)
 
 
 def policy_memory_parts(shape: ModelShape, policy, prompts_per_rank: int, shards: int = 1) -> tuple[float, float]:
@@ -158,15 +234,6 @@ def policy_memory_parts(shape: ModelShape, policy, prompts_per_rank: int, shards
 def policy_memory_bytes(shape: ModelShape, policy, prompts_per_rank: int) -> float:
     """Memory of one policy on one worker while its phase runs, bytes (states + peak activations)."""
     return sum(policy_memory_parts(shape, policy, prompts_per_rank))
-
-
-def process_rss_bytes() -> float:
-    """Resident memory of this process now, bytes (Linux ``/proc/self/statm``; peak RSS elsewhere)."""
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def build_plan(
@@ -196,6 +263,7 @@ def build_plan(
         shape = shapes.get(name)
         per_rank = -(-batch_size // len(ranks))
         states, peak = policy_memory_parts(shape, policies[name], per_rank, len(ranks)) if shape else (None, None)
+        terms = policy_memory_terms(shape, policies[name], per_rank, len(ranks)) if shape else {}
         rows.append(PolicyPlacement(
             policy=name, family=shape.family if shape else "?", params=shape.params if shape else None,
             vocab=shape.vocab if shape else None, ranks=ranks, device=device, strategy=strategy,
@@ -204,6 +272,7 @@ def build_plan(
             # a recipe's sizes are upper bounds until its tokenizer is trained
             size_is_bound=bool(getattr(policies[name], "builds_from_recipe", False)),
             memory=memory_options(policies[name], shape, len(ranks)),
+            tokenizer_gib=terms.get("tokenizer", 0.0) / GIB, checkpoint_gib=terms.get("checkpoint", 0.0) / GIB,
         ))
     return rows
 
@@ -222,13 +291,19 @@ def memory_options(policy, shape: ModelShape | None, shards: int = 1) -> str:
 def worker_memory_gib(rows: list[PolicyPlacement], rank: int, framework_gib: float) -> float:
     """Estimated peak memory of worker ``rank``, GiB.
 
-    ``framework_gib`` + every policy's resident states + the largest activations of one
-    of its policies (a worker runs its policies' phases one at a time).
+    ``framework_gib`` + every policy's resident states + the largest of the activations of
+    one of its policies (a worker runs its policies' phases one at a time) and, on CPU
+    workers, of a distributed checkpoint's gather (:func:`checkpoint_gather_gib`); CPU workers
+    also hold every policy's tokenizer not loaded when the plan was built
+    (:attr:`PolicyPlacement.tokenizer_gib`). On a GPU those two are host memory: not counted.
     """
     mine = [r for r in rows if rank in r.ranks and r.memory_gib is not None]
     states = [r.states_gib if r.states_gib is not None else r.memory_gib for r in mine]
     peaks = [r.memory_gib - s for r, s in zip(mine, states)]
-    return framework_gib + sum(states) + max(peaks, default=0.0)
+    host = bool(mine) and mine[0].device == "cpu"
+    tokenizers = sum(r.tokenizer_gib for r in rows) if host else 0.0
+    checkpoint = checkpoint_gather_gib(rows, rank) if host else 0.0
+    return framework_gib + sum(states) + tokenizers + max(*peaks, checkpoint, 0.0)
 
 
 def validate_resources(
@@ -366,18 +441,3 @@ def plan_resources(placement: Placement, shapes: dict[str, ModelShape | None], p
                        threads_given=num_threads is not None, batch_size=batch_size,
                        framework_gib=framework, device_memory_gib=memory)
     return format_plan(rows, placement, framework), threads
-
-
-def omp_threads() -> int | None:
-    """``OMP_NUM_THREADS`` as a positive int, or None when unset or not one (threads per worker)."""
-    value = os.environ.get("OMP_NUM_THREADS", "").strip()
-    return int(value) if value.isdigit() and int(value) > 0 else None
-
-
-def peak_memory_gib(device) -> float:
-    """Peak memory of this worker so far: the CUDA allocator's peak on a GPU, else the process's peak RSS."""
-    if device.type == "cuda":
-        import torch
-
-        return torch.cuda.max_memory_allocated(device) / GIB
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB

@@ -38,13 +38,16 @@ def is_sharded(model) -> bool:
     return isinstance(getattr(model, "module", model), FSDPModule)
 
 
-def shard_model(model: torch.nn.Module, group, device_type: str) -> None:
+def shard_model(model: torch.nn.Module, group, device_type: str, reshard_root: bool = False) -> None:
     """Shard ``model`` in place over ``group`` (each transformer block a unit, then the root).
 
     Args:
         model: A Hugging Face causal LM with its full weights (the same on every rank of the group).
         group: The policy's ``torch.distributed`` process group.
         device_type: ``"cpu"`` or ``"cuda"``.
+        reshard_root: Reshard the root unit (embeddings, head) after each forward. FSDP2 keeps it
+            whole until the backward by default; a model that only runs forwards (the frozen
+            reference) has no backward, so it needs True to stay at 1/k.
     """
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import FSDPModule, fully_shard
@@ -54,7 +57,8 @@ def shard_model(model: torch.nn.Module, group, device_type: str) -> None:
     for module in list(model.modules()):
         if type(module).__name__ in blocks:
             fully_shard(module, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    fully_shard(model, mesh=mesh, **({"reshard_after_forward": True} if reshard_root else {}))  # else FSDP2's root default
+    model._mrl_reshard_root = reshard_root
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)  # a sum: losses are already divided by the group's totals
@@ -73,16 +77,23 @@ def full_weights(model) -> Iterator[None]:
         yield
         return
     root = getattr(model, "module", model)
+    if getattr(root, "_mrl_full_weights", False):  # nested (an evaluation around its rollouts): already whole
+        yield
+        return
     units = [m for m in root.modules() if isinstance(m, FSDPModule)]
     root.set_reshard_after_forward(False)
     for unit in units:
         unit.unshard()
+    root._mrl_full_weights = True
     try:
         yield
     finally:
+        root._mrl_full_weights = False
         for unit in units:
             unit.reshard()
-        root.set_reshard_after_forward(True)
+            # back to what shard_model set: blocks reshard after forward, the root as it was asked
+            unit.set_reshard_after_forward(unit is not root or getattr(root, "_mrl_reshard_root", False),
+                                           recurse=False)
 
 
 def full_state(state: Any) -> Any:

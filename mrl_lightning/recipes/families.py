@@ -149,12 +149,57 @@ def apply_chat_format(tokenizer, family: str) -> tuple[int, int]:
     return eot, tokenizer.eos_token_id
 
 
-def model_config(family: str, vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, **token_ids):
+_CONFIG_CLASSES = {"gpt2": "GPT2Config", "llama": "LlamaConfig", "qwen2": "Qwen2Config", "mistral": "MistralConfig",
+                   "phi3": "Phi3Config"}
+# set by the recipe's own arguments or by the tokenizer, never by an override
+_OWN_KEYS = {"vocab_size": "the tokenizer", "hidden_size": "hidden_size", "n_embd": "hidden_size",
+             "num_hidden_layers": "num_layers", "n_layer": "num_layers", "num_attention_heads": "num_heads",
+             "n_head": "num_heads", "bos_token_id": "the tokenizer", "eos_token_id": "the tokenizer",
+             "pad_token_id": "the tokenizer", "model_type": "family"}
+
+
+def config_override_errors(family: str, overrides: dict) -> list[str]:
+    """Problems of ``TinyCausalLM.config_overrides`` for ``family``: keys its config class does not take,
+    keys the recipe's own arguments set.
+
+    Args:
+        family: One of :data:`FAMILIES`.
+        overrides: Config keys and values.
+
+    Returns:
+        Error messages naming the key and the fix (empty when valid).
+    """
+    import difflib
+    import inspect
+
+    import transformers
+
+    cls = getattr(transformers, _CONFIG_CLASSES[family])
+    valid = set(inspect.signature(cls.__init__).parameters) - {"self", "kwargs"}
+    valid |= set(cls().to_dict())
+    errors = []
+    for key in overrides:
+        if key in _OWN_KEYS:
+            errors.append(f"TinyCausalLM.config_overrides.{key} is set by {_OWN_KEYS[key]}; "
+                          + ("set it there." if _OWN_KEYS[key] != "the tokenizer" else "drop it."))
+        elif key not in valid:
+            near = difflib.get_close_matches(key, sorted(valid), n=3)
+            errors.append(f"TinyCausalLM.config_overrides.{key} is not a {cls.__name__} key"
+                          + (f"; did you mean {', '.join(near)}?" if near else
+                             f"; valid keys include {', '.join(sorted(valid)[:12])}, ..."))
+    return errors
+
+
+def model_config(family: str, vocab_size: int, hidden_size: int, num_layers: int, num_heads: int,
+                 overrides: dict | None = None, **token_ids):
     """The ``transformers`` config of a tiny ``family`` model (2-layer scale, 256 positions, no dropout).
 
     Llama-like families use an MLP of twice the width and tied embeddings (the embedding
     matrix dominates a tiny model's size); Qwen2 and Mistral use grouped-query attention
     with half as many key/value heads (as their real models do), when ``num_heads`` is even.
+    ``overrides`` replace any of these (e.g. a real model's MLP ratio, key/value heads,
+    RoPE base or positions: ``intermediate_size``, ``num_key_value_heads``,
+    ``rope_parameters``, ``max_position_embeddings``; GPT-2's positions are ``n_positions``).
 
     Args:
         family: One of :data:`FAMILIES`.
@@ -162,6 +207,7 @@ def model_config(family: str, vocab_size: int, hidden_size: int, num_layers: int
         hidden_size: Width.
         num_layers: Transformer layers.
         num_heads: Attention heads (``hidden_size`` divisible by it).
+        overrides: Config keys set over the recipe's own (:func:`config_override_errors`).
         **token_ids: ``bos_token_id``, ``eos_token_id``, ``pad_token_id`` (None when absent).
 
     Raises:
@@ -169,23 +215,31 @@ def model_config(family: str, vocab_size: int, hidden_size: int, num_layers: int
     """
     from transformers import GPT2Config, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config
 
+    extra = dict(overrides or {})
     if family == "gpt2":
-        return GPT2Config(vocab_size=vocab_size, n_positions=256, n_embd=hidden_size, n_layer=num_layers,
-                          n_head=num_heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **token_ids)
+        return GPT2Config(**{**dict(vocab_size=vocab_size, n_positions=256, n_embd=hidden_size, n_layer=num_layers,
+                                    n_head=num_heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0), **extra,
+                             **token_ids})
     common = dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
                   num_hidden_layers=num_layers, num_attention_heads=num_heads, max_position_embeddings=256,
                   tie_word_embeddings=True, **token_ids)
     grouped = num_heads // 2 if num_heads % 2 == 0 else num_heads
     if family == "llama":
-        return LlamaConfig(num_key_value_heads=num_heads, **common)
+        return LlamaConfig(**{**common, "num_key_value_heads": num_heads, **extra})
     if family == "qwen2":
-        return Qwen2Config(num_key_value_heads=grouped, use_sliding_window=False, **common)
+        return Qwen2Config(**{**common, "num_key_value_heads": grouped, "use_sliding_window": False, **extra})
     if family == "mistral":
-        return MistralConfig(num_key_value_heads=grouped, sliding_window=None, **common)
+        return MistralConfig(**{**common, "num_key_value_heads": grouped, "sliding_window": None, **extra})
     if family == "phi3":
-        return Phi3Config(num_key_value_heads=num_heads, original_max_position_embeddings=256, resid_pdrop=0.0,
-                          embd_pdrop=0.0, attention_dropout=0.0, **common)
+        positions = extra.get("max_position_embeddings", 256)
+        return Phi3Config(**{**common, "num_key_value_heads": num_heads, "original_max_position_embeddings": positions,
+                             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0, **extra})
     raise ValueError(f"family={family!r} is unknown; valid: {list(FAMILIES)}.")
+
+
+def max_positions(config) -> int | None:
+    """The most positions a model of ``config`` takes (``max_position_embeddings`` or GPT-2's ``n_positions``)."""
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
 
 def build_model(config):

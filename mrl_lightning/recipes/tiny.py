@@ -51,7 +51,14 @@ import torch
 
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.model_source import ModelRecipe
-from mrl_lightning.recipes.families import CHAT_FORMATS, FAMILIES, apply_chat_format, build_model, chat_corpus_text
+from mrl_lightning.recipes.families import (
+    CHAT_FORMATS,
+    FAMILIES,
+    apply_chat_format,
+    build_model,
+    chat_corpus_text,
+    config_override_errors,
+)
 from mrl_lightning.recipes.families import model_config as family_config
 from mrl_lightning.recipes.warm_start import warm_start_shortfall, warm_start_split  # noqa: F401 - also imported from here
 from mrl_lightning.writable import write_problem
@@ -113,6 +120,12 @@ class TinyCausalLM(ModelRecipe):
         eval_every: Supervised steps between accuracy checks.
         seed: Seed of init and warm-start.
         cache_dir: Root of the cache; None = ``$MRL_CACHE_DIR`` or ``~/.cache/mrl_lightning``.
+        config_overrides: Keys of the family's ``transformers`` config set over the recipe's
+            own, e.g. a real model's shape scaled down: ``{intermediate_size: 1408,
+            num_key_value_heads: 1, rope_parameters: {rope_type: default, rope_theta: 1000000.0},
+            max_position_embeddings: 1024}`` (the recipe's models have 256 positions; GPT-2's are
+            ``n_positions``). Width, layers, heads and token ids come from the arguments above
+            and the tokenizer. None = the recipe's config (``recipes/families.py``).
         prebuilt: A folder this recipe wrote before (e.g. shipped with the repository:
             ``models/default/gpt2``), used instead of building when its ``warm_start.json``
             records the same recipe, templates and data; otherwise the recipe builds as
@@ -120,7 +133,8 @@ class TinyCausalLM(ModelRecipe):
             rebuilt on another CPU ends elsewhere (docs/default.md). Not part of the cache key.
 
     Raises:
-        ValueError: unknown family / tokenizer kind or non-positive sizes (all at once).
+        ValueError: unknown family / tokenizer kind, non-positive sizes, or config overrides the
+            family's config does not take (all at once).
     """
 
     def __init__(
@@ -140,6 +154,7 @@ class TinyCausalLM(ModelRecipe):
         eval_every: int = 100,
         seed: int = 0,
         cache_dir: str | None = None,
+        config_overrides: dict[str, Any] | None = None,
         prebuilt: str | None = None,
     ) -> None:
         from mrl_lightning.recipes.tokenizers import TOKENIZER_KINDS
@@ -156,6 +171,8 @@ class TinyCausalLM(ModelRecipe):
                 errors.append(f"TinyCausalLM.{key}={value} must be >= 1.")
         if num_heads >= 1 and hidden_size % num_heads:
             errors.append(f"TinyCausalLM.hidden_size={hidden_size} must be divisible by num_heads={num_heads}.")
+        if config_overrides and family in FAMILIES:
+            errors.extend(config_override_errors(family, config_overrides))
         if errors:
             raise ConfigError("Invalid TinyCausalLM config:\n  - " + "\n  - ".join(errors))
         self.family, self.tokenizer_kind, self.vocab_size = family, tokenizer_kind, vocab_size
@@ -165,6 +182,7 @@ class TinyCausalLM(ModelRecipe):
         self.warm_start_val_size = warm_start_val_size
         self.warm_start_lr, self.eval_every, self.seed = warm_start_lr, eval_every, seed
         self.cache_dir, self.prebuilt = cache_dir, prebuilt
+        self.config_overrides = dict(config_overrides) if config_overrides else None
 
     @property
     def strong_parts(self) -> list[str] | None:
@@ -172,7 +190,9 @@ class TinyCausalLM(ModelRecipe):
         return [self.warm_start_part] if self.warm_start_part else None
 
     def _args(self) -> dict[str, Any]:
-        return {k: v for k, v in vars(self).items() if k not in ("cache_dir", "prebuilt")}
+        """The arguments that shape the build (no overrides: the keys of a recipe from before they existed)."""
+        return {k: v for k, v in vars(self).items()
+                if k not in ("cache_dir", "prebuilt") and not (k == "config_overrides" and v is None)}
 
     def cache_key(self, policy, datamodule) -> str:
         """Hash of recipe, templates (the chat format and system prompt under ``chat_template``),
@@ -345,7 +365,8 @@ class TinyCausalLM(ModelRecipe):
         vocab = vocab_size or REAL_VOCAB.get(self.tokenizer_kind, self.vocab_size)
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
             token_ids.setdefault(key, None)  # the plan's estimate needs none; GPT-2's defaults lie outside V
-        return family_config(self.family, vocab, self.hidden_size, self.num_layers, self.num_heads, **token_ids)
+        return family_config(self.family, vocab, self.hidden_size, self.num_layers, self.num_heads,
+                             overrides=self.config_overrides, **token_ids)
 
     def _model(self, tokenizer):
         cfg = self.model_config(len(tokenizer), bos_token_id=tokenizer.bos_token_id,

@@ -378,8 +378,10 @@ class HFGenerateEngine:
         finally:
             model.train(was_training)
         completion = out.sequences[:, ids.shape[1]:]
-        logits = torch.stack(out.logits, dim=1).float() / temperature  # [N, L, V]
-        logp = torch.gather(logits, 2, completion.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        # one step at a time: generate keeps every step's [N, V] logits already; stacking and tempering
+        # them whole would hold 3 more copies of [N, L, V] (docs/mwra.md, "The resource plan")
+        logp = torch.stack([_sampled_logprobs(step, completion[:, t], temperature)
+                            for t, step in enumerate(out.logits)], dim=1)  # [N, L]
         cmask, has_eos = completion_mask_from_eos(completion, stops)
         # Rows that finished early were filled with pad; never count those positions.
         logp = torch.where(cmask, logp, torch.zeros_like(logp))
@@ -397,3 +399,18 @@ class HFGenerateEngine:
             old_logprobs=logp, finish_reasons=["stop" if e else "length" for e in has_eos.tolist()],
             completion_texts=texts,
         )
+
+
+def _sampled_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Log-probs of the sampled tokens under the tempered, unfiltered distribution of one step.
+
+    Args:
+        logits: ``[N, V]``, the step's raw logits (any float dtype).
+        tokens: ``[N]``, int64, the tokens sampled at that step.
+        temperature: The sampling temperature (> 0).
+
+    Returns:
+        ``[N]``, float32, nats.
+    """
+    scaled = logits.float() / temperature
+    return scaled.gather(1, tokens.unsqueeze(1)).squeeze(1) - torch.logsumexp(scaled, dim=-1)

@@ -22,17 +22,20 @@ Weights. Before every generation the engine compares the training model's parame
 (their storage and in-place version counters, which ``load_state_dict``, ``copy_`` and
 the for-loop and foreach optimizers advance, plus the policy's count of optimizer steps, passed as
 ``weights_version``, since a fused optimizer advances no version counter) with those it last pushed; when they differ it pushes every
-parameter (colocated: ``model_runner.model.load_weights``, the path TRL's trainer uses;
-server: the server's NCCL weight-transfer engine through TRL's client) and resets vLLM's
-prefix cache, whose prompt KV blocks were computed with the old weights. Sampling never
-sees stale weights, and several optimizer steps between two rollouts cost one push.
+parameter and resets vLLM's prefix cache, whose prompt KV blocks were computed with the old
+weights. Sampling never sees stale weights, and several optimizer steps between two rollouts
+cost one push. Colocated, the push is vLLM's own in-place reload, ``collective_rpc("reload_weights",
+weights_iterator=..., is_checkpoint_format=True)`` (:class:`ColocatedVLLM`), on a CUDA and a
+CPU build alike; a server gets the weights over its NCCL weight-transfer engine through TRL's
+client.
 
 Backends (``vllm_mode``): ``colocate`` builds ``vllm.LLM`` in this process on the policy's
 GPU (``distributed_executor_backend="external_launcher"``, as TRL's colocated mode) with a
 memory share taken from the MWRA plan (:func:`~mrl_lightning.builders.engines.colocated_memory_share`)
 unless ``vllm_gpu_memory_utilization`` is set; ``server`` talks to a ``trl vllm-serve``
 server (its ``VLLMClient``). Both are built by :func:`~mrl_lightning.builders.engines.build_vllm_engine`;
-tests pass an in-process double of the same few calls.
+tests run it against vLLM's CPU build (``tests/real_vllm``) and, for what a CPU build cannot
+show (server mode, NCCL), an in-process double of the same few calls (docs/rollout.md).
 
 Seeds: one per prompt, the loop's ``prompt_seeds`` (keyed by run seed, policy, step and the
 prompt's place in the step's batch, so the rank that samples a prompt does not matter), or
@@ -42,6 +45,7 @@ request ``seed + g``.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -99,7 +103,9 @@ def weights_key(model: torch.nn.Module, version: int = 0) -> tuple:
 def pushable_parameters(model: torch.nn.Module) -> Iterator[list[tuple[str, Tensor]]]:
     """``(name, tensor)`` of the weights vLLM holds, under the base model's names.
 
-    A plain model's parameters as they are. For a LoRA (peft) model each adapted layer's
+    A plain model's parameters as they are, every name of a shared tensor included (a tied LM
+    head comes as ``lm_head.weight`` beside the embedding's name: vLLM may hold it apart, see
+    :class:`ColocatedVLLM`). For a LoRA (peft) model each adapted layer's
     weight is sent merged, ``W + alpha / r * B A`` (peft's ``get_delta_weight`` of every active
     adapter), computed beside the base weight, which is never touched (merging into it and
     unmerging after every push would let float rounding walk the frozen base away); the names
@@ -109,7 +115,7 @@ def pushable_parameters(model: torch.nn.Module) -> Iterator[list[tuple[str, Tens
     after every optimizer step cannot use).
     """
     if not hasattr(model, "peft_config"):
-        yield [(name, p.data) for name, p in model.named_parameters()]
+        yield [(name, p.data) for name, p in model.named_parameters(remove_duplicate=False)]
         return
     from peft.tuners.lora import LoraLayer
 
@@ -120,13 +126,35 @@ def pushable_parameters(model: torch.nn.Module) -> Iterator[list[tuple[str, Tens
                 delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
                 merged[f"{module_name}.base_layer.weight"] = module.base_layer.weight.data + delta
         out = []
-        for name, p in model.named_parameters():
+        for name, p in model.named_parameters(remove_duplicate=False):
             if ".lora_" in name or ".original_module." in name:
                 continue
             tensor = merged.get(name, p.data)
             name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
             out.append((name.replace(".modules_to_save.default.", "."), tensor))
         yield out
+
+
+class _NothingToLoadNotice(logging.Filter):
+    """Drops the reload warning of rotary-embedding layers ("RotaryEmbedding: Failed to load
+    weights", ``finalize_layerwise_processing``): they hold only a cos/sin cache computed at
+    start-up, which no checkpoint holds and vLLM puts back unchanged. Logged at every push of
+    a Llama-like model otherwise; every other reload warning passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights" and record.args
+                    and str(record.args[0]).endswith("RotaryEmbedding"))
+
+
+def _quiet_rotary_reload() -> None:
+    logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    if not any(isinstance(f, _NothingToLoadNotice) for f in logger.filters):
+        logger.addFilter(_NothingToLoadNotice())
+
+
+def _engine_dtype(worker) -> torch.dtype:
+    """Run inside vLLM's worker (``collective_rpc``): the dtype vLLM holds the weights in."""
+    return worker.model_runner.model_config.dtype
 
 
 class ColocatedVLLM:
@@ -136,10 +164,34 @@ class ColocatedVLLM:
         llm: A ``vllm.LLM`` built with ``logprobs_mode="processed_logprobs"`` and an
             in-process executor (``external_launcher``).
         sampling_params_cls: ``vllm.SamplingParams``.
+
+    Weight push (:meth:`push_weights`): ``llm.collective_rpc("reload_weights", kwargs=
+    {"weights_iterator": <(hf_name, tensor) pairs>, "is_checkpoint_format": True})``, vLLM's
+    ``Worker.reload_weights`` -> ``GPUModelRunner.reload_weights`` (the CPU runner inherits it)
+    -> ``model_loader/reload/inplace.py: reload_weights``, the same code in vLLM 0.32.0 and
+    0.33.0: every layer is put back into checkpoint format, the model's own ``load_weights``
+    maps the Hugging Face names (fused qkv / gate_up, GPT-2's transposed Conv1D), and each
+    layer, once all its weights arrived, is processed again as at start-up and copied into its
+    original tensors, which keeps CUDA graphs valid (``reload/layerwise.py``). The model
+    runner's ``model.load_weights`` alone (TRL 1.16's colocated path) skips that processing:
+    on vLLM's CPU build, which repacks linear weights after loading and leaves 0-size
+    parameters behind, it fails ("Attempted to load weight (torch.Size([128, 256])) into
+    parameter (torch.Size([0]))").
+
+    A tied LM head is sent under its own name too (:func:`pushable_parameters`): vLLM unties a
+    head whose checkpoint holds ``lm_head.weight`` (``ModelConfig.maybe_untie_word_embeddings``;
+    ``save_pretrained`` of a tied Llama can write only that name), and a tied head that loads
+    nothing is not processed again (on the CPU build it keeps its packed copy of the old
+    weight: measured 8-19 nats off). Tensors are cast to vLLM's dtype one at a time as the
+    reload reads them (else vLLM logs a warning per tensor per push under ``vllm_dtype:
+    bfloat16``). The executor is in-process: nothing is serialized or copied beyond that cast.
+    Then the prefix cache is reset.
     """
 
     def __init__(self, llm: Any, sampling_params_cls: Any) -> None:
         self.llm, self.sampling_params_cls = llm, sampling_params_cls
+        self.dtype = llm.collective_rpc(_engine_dtype)[0]
+        _quiet_rotary_reload()
 
     def sample(self, prompt_ids, n, seeds, temperature, top_p, top_k, max_tokens, stop_ids) -> list[list[Sample]]:
         # stop_token_ids: vLLM ends a request at any of them with finish "stop" and keeps the
@@ -158,11 +210,15 @@ class ColocatedVLLM:
         return out
 
     def push_weights(self, model: torch.nn.Module) -> None:
-        runner_model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
-        with pushable_parameters(model) as params:
-            for name, tensor in params:  # one tensor at a time: no second copy of the model
-                runner_model.load_weights([(name, tensor)])
+        with pushable_parameters(model) as params:  # references to the trainer's tensors (merged ones for LoRA)
+            cast = ((name, tensor.to(self.dtype)) for name, tensor in params)  # one tensor at a time
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": cast, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
+
+    def named_parameters(self) -> dict[str, Tensor]:
+        """vLLM's own parameters by its names (fused ``qkv_proj`` / ``gate_up_proj``; on the CPU
+        build repacked linear weights show as 0-size tensors). For checks, not for the loop."""
+        return self.llm.collective_rpc(lambda worker: dict(worker.model_runner.get_model().named_parameters()))[0]
 
 
 class ServerVLLM:
@@ -194,12 +250,15 @@ class ServerVLLM:
         return out
 
     def push_weights(self, model: torch.nn.Module) -> None:
-        if not hasattr(model, "peft_config"):
-            self.client.update_model_params(model)
-        else:  # a LoRA policy: the server holds the base model's names; send the merged weights
-            with pushable_parameters(model) as params:
-                for name, tensor in params:
-                    self.client.update_named_param(name, tensor)
+        # One weight update for the whole model (TRL's update_named_params: the server starts its
+        # layerwise reload once, receives every tensor, then finishes). A tensor sent in an update
+        # of its own (update_named_param outside client.weight_update()) would leave the rest of
+        # its vLLM layer uninitialised: k and v of a fused qkv_proj when only q arrives
+        # (vLLM 0.32 / 0.33 reload/layerwise.py, "Delayed processing"). Names and tensors as
+        # colocated: a LoRA policy's merged weights, a tied head under its own name too.
+        with pushable_parameters(model) as params:
+            metadata = [(name, str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in params]
+            self.client.update_named_params(metadata, iter(params))
         self.client.reset_prefix_cache()
 
 

@@ -144,7 +144,7 @@ def test_the_memory_estimate_counts_only_trainable_moments_and_checkpointed_laye
     assert policy_memory_terms(shape, full, 1)["states"] == 16_000_000 + 4_000_000
     assert policy_memory_terms(adapter, lora, 1)["states"] == 4_000_000 + 12 * 10_000
     s, h, per_layer = 16, 64, 2 * (34 * 16 * 64 + 5 * 4 * 16 * 16)
-    logits = 2 * 4 * 9 * 100
+    logits = 5 * 4 * 9 * 100  # five float32 copies of [L + 1, V] per sequence
     assert policy_memory_terms(shape, full, 1)["activations"] == 2 * (4 * per_layer + logits)
     assert policy_memory_terms(shape, ckpt, 1)["activations"] == 2 * (4 * 4 * s * h + per_layer + logits)
     assert memory_options(lora, adapter) == "LoRA r=16 (0.01M trainable)" and memory_options(full, shape) == "full"

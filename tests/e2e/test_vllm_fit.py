@@ -1,5 +1,6 @@
 """End to end: ``mrl fit`` with both policies on ``rollout_engine: vllm``, against the
-in-process double of vLLM (vLLM cannot run on a CPU; docs/rollout.md).
+in-process double of vLLM (the default test run has no vLLM; the same run against vLLM's CPU
+build is ``tests/real_vllm/test_real_fit.py``; docs/rollout.md).
 
 The loop builds each policy's engine at its first generation (the evaluation before step
 1), with the memory share of the MWRA plan; the update re-scores the rollouts and logs the

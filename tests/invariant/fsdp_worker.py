@@ -63,15 +63,29 @@ def run(rank: int, world: int, folder: str, work: str) -> None:
     mine = shard_rollout(rollout, rows)
     aux = shard_rollout(rollout, rows[:g]) if rank == 1 else None  # the term on rank 1 only
     weights, metrics, optimizer = update(policy, mine, advantages[prompts].clone(), aux, workers)
-    with full_weights(policy.model):  # generation on the full weights, a different number of rows per rank
-        from mrl_lightning.rollout.hf_generate import HFGenerateEngine
+    from torch.distributed.tensor import DTensor
 
+    from mrl_lightning.rollout.hf_generate import HFGenerateEngine
+
+    with full_weights(policy.model):  # generation on the full weights, a different number of rows per rank
+        with full_weights(policy.model):  # nested (an evaluation around its rollouts): a no-op, no collective
+            pass
+        if rank == 0:  # an evaluation part with no prompt for rank 1: only rank 0 generates
+            HFGenerateEngine().generate(policy.model, policy.tokenizer, policy.encode_prompts(["7 - 5?"]),
+                                        num_generations=2, max_completion_length=4, prompt_seeds=[1])
         HFGenerateEngine().generate(policy.model, policy.tokenizer, policy.encode_prompts(["7 - 5?"] * (rank + 1)),
                                     num_generations=2, max_completion_length=4, prompt_seeds=[1] * (rank + 1))
+    resident = {"policy_wte": type(policy.model.transformer.wte.weight.data).__name__}
+    reference = build_policy(folder, "dapo", g, rollout.completion_ids.shape[1]).model
+    shard_model(reference, workers.process_group("p"), "cpu", reshard_root=True)
+    with torch.no_grad():  # a forward-only model: its root (embeddings, head) back to 1/k after the forward
+        policy.completion_logprobs(mine.prompt_ids, mine.prompt_mask, mine.completion_ids, mine.completion_mask,
+                                   model=reference)
+    resident["reference_wte_sharded"] = isinstance(reference.transformer.wte.weight, DTensor)
     full = {"model": full_state(policy.model.state_dict()), "optimizer": full_state(optimizer.state_dict())}
     # the full state loads back into the sharded model: the same full weights again
     load_full_state(policy.model, optimizer, full["model"], full["optimizer"])
     again = full_state({n: p.detach() for n, p in policy.model.named_parameters()})
     torch.save({"weights": weights, "metrics": {k: float(v) for k, v in metrics.items()}, "full": full,
-                "again": again}, work / f"rank{rank}.pt")
+                "again": again, "resident": resident}, work / f"rank{rank}.pt")
     dist.destroy_process_group()

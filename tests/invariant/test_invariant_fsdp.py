@@ -49,6 +49,8 @@ def test_a_sharded_two_rank_step_equals_the_unsharded_one(invariant_lm_dir, tmp_
                                        msg=lambda m, name=name: f"{name}: {m}")
             torch.testing.assert_close(r["again"][name], r["weights"][name], rtol=0, atol=0, msg=name)  # saved, loaded: the same
     assert max(float((weights[n] - before[n]).abs().max()) for n in weights) > 1e-2  # the step moved them
+    for r in ranks:  # a forward-only (reference) model does not keep its root whole after a forward
+        assert r["resident"]["reference_wte_sharded"], r["resident"]
     # the sharded run's checkpoint state (full tensors) loads into the unsharded model
     whole.model.load_state_dict(ranks[0]["full"]["model"])
     torch.testing.assert_close(dict(whole.model.named_parameters())["transformer.wte.weight"],

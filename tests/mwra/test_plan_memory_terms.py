@@ -1,0 +1,107 @@
+"""The plan's memory terms of one policy, worked out by hand: Hugging Face sampling keeps every step's
+logits (two float32 copies of [N, L, V] at its end), an update's micro-batch five copies of its
+completion logits, a tokenizer the plan has not seen yet (a recipe's) 3.5 KiB per token on every CPU
+worker, and a distributed checkpoint's gather 3 copies of a sender's part (more on rank 0); a vLLM
+policy samples in its engine's memory, a loaded tokenizer is in the measured footprint already."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from mrl_lightning.mwra.plan import (
+    GIB,
+    ModelShape,
+    PolicyPlacement,
+    checkpoint_gather_gib,
+    policy_memory_parts,
+    policy_memory_terms,
+    worker_memory_gib,
+)
+
+SHAPE = ModelShape("llama", params=10_000, vocab=1000, hidden=8, layers=1, heads=1)
+
+
+def _policy(**kw):
+    base = dict(num_generations=2, micro_batch_size=None, max_prompt_length=3, max_completion_length=4, beta=0.0,
+                tokenizer=None, rollout_engine="hf", gradient_checkpointing=False)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def _row(name, ranks, device="cpu", *, states, memory, tokenizer=0.0, checkpoint=0.0):
+    return PolicyPlacement(name, "llama", 1, 1, ranks, device, "s", "32-true", 1, memory_gib=memory,
+                           states_gib=states, tokenizer_gib=tokenizer, checkpoint_gib=checkpoint)
+
+
+def test_terms_of_a_recipe_policy_sampling_with_hugging_face():
+    # N = 2 x 1 prompt, micro = N = 2, s = 3 + 4 = 7, L = 4, V = 1000
+    terms = policy_memory_terms(SHAPE, _policy(), 1)
+    # 16 bytes a parameter (weights, gradient, two AdamW moments)
+    assert terms["states"] == 16 * 10_000
+    # the tokenizer, built after the plan: 3584 bytes a token
+    assert terms["tokenizer"] == 3584 * 1000
+    # a checkpoint's part: 4 bytes of weight + 8 of AdamW moments a parameter
+    assert terms["checkpoint"] == 12 * 10_000
+    # a layer: 2 * (34 * 7 * 8 + 5 * 1 * 7 * 7) = 2 * (1904 + 245) = 4298; logits 5 * 4 * (4 + 1) * 1000 = 100_000
+    assert terms["activations"] == 2 * (4298 + 100_000) == 208_596
+    # KV cache 2 * 7 * 1 layer * 2 (keys, values) * 8 * 4 = 896; kept logits 2 copies * 4 bytes * 2 * 4 * 1000
+    assert terms["kv_cache"] == 896 + 64_000 == 64_896
+    assert policy_memory_parts(SHAPE, _policy(), 1) == (160_000, 208_596)
+
+
+def test_a_loaded_tokenizer_and_a_vllm_engine_leave_their_terms_out():
+    terms = policy_memory_terms(SHAPE, _policy(tokenizer=object(), rollout_engine="vllm"), 1)
+    assert terms["tokenizer"] == 0     # the footprint measured at plan time holds the tokenizer
+    assert terms["kv_cache"] == 896    # vLLM keeps no [N, L, V] logits in this process
+
+
+def test_a_lora_checkpoint_part_is_the_adapter_and_its_moments():
+    adapter = ModelShape(**{**vars(SHAPE), "trainable": 100})
+    assert policy_memory_terms(adapter, _policy(), 1)["checkpoint"] == 4 * 100 + 8 * 100
+
+
+def test_at_a_large_vocabulary_the_logits_are_most_of_both_phases():
+    # the benchmark's qwen: 38.5 M parameters, V = 131,072, width 256, 4 layers, 4 heads, 2 prompts x 4
+    shape = ModelShape("qwen2", params=38_540_000, vocab=131_072, hidden=256, layers=4, heads=4)
+    policy = _policy(num_generations=4, micro_batch_size=4, max_prompt_length=432, max_completion_length=128)
+    terms = policy_memory_terms(shape, policy, 2)
+    # N = 8, s = 560: KV 8 * 560 * 4 layers * 2 * 256 * 4 = 36,700,160; logits 2 copies * 4 * 8 * 128 * V
+    assert terms["kv_cache"] == 36_700_160 + 1_073_741_824
+    # a layer 2 * (34 * 560 * 256 + 5 * 4 * 560**2) = 22,292,480; logits 5 * 4 * 129 * V = 338,165,760; micro 4
+    assert terms["activations"] == 4 * (4 * 22_292_480 + 338_165_760)
+    assert terms["activations"] > terms["kv_cache"]
+
+
+def test_checkpoint_gather_counts_three_copies_on_senders_and_the_receive_buffer_on_rank_zero():
+    rows = [_row("a", (0,), states=1.0, memory=1.0, checkpoint=0.4),
+            _row("b", (1,), states=1.0, memory=1.0, checkpoint=0.3),
+            _row("c", (1, 2), states=1.0, memory=1.0, checkpoint=0.1)]  # led by rank 1; rank 2 sends nothing
+    assert checkpoint_gather_gib(rows, 1) == pytest.approx(3 * 0.4)      # parts: rank 0 0.4, rank 1 0.4, rank 2 0
+    assert checkpoint_gather_gib(rows, 2) == 0.0
+    # 3 x own 0.4 + the others 0.4 + 0 + (3 ranks + 1) x the largest 0.4
+    assert checkpoint_gather_gib(rows, 0) == pytest.approx(1.2 + 0.4 + 4 * 0.4)
+    assert checkpoint_gather_gib(rows[:1], 0) == 0.0                       # one process: no gather
+
+
+def test_cpu_workers_add_every_tokenizer_and_the_gather_when_it_beats_the_phase_peak():
+    rows = [_row("a", (0,), states=1.0, memory=1.5, tokenizer=0.25, checkpoint=0.2),
+            _row("b", (1,), states=0.5, memory=2.5, tokenizer=0.125, checkpoint=0.3)]
+    # rank 0: footprint 0.5 + states 1.0 + both tokenizers 0.375 + max(phase 0.5, gather 3*0.2 + 0.3 + 3*0.3 = 1.8)
+    assert worker_memory_gib(rows, 0, 0.5) == pytest.approx(0.5 + 1.0 + 0.375 + 1.8)
+    # rank 1: 0.5 + 0.5 + 0.375 + max(phase 2.0, gather 3 * 0.3 = 0.9)
+    assert worker_memory_gib(rows, 1, 0.5) == pytest.approx(0.5 + 0.5 + 0.375 + 2.0)
+    on_gpu = [_row(r.policy, r.ranks, "cuda", states=r.states_gib, memory=r.memory_gib, tokenizer=r.tokenizer_gib,
+                   checkpoint=r.checkpoint_gib) for r in rows]
+    assert worker_memory_gib(on_gpu, 0, 0.0) == pytest.approx(1.5)  # host memory is not the GPU's
+
+
+def test_plan_rows_carry_the_tokenizer_and_checkpoint_terms():
+    from mrl_lightning.mwra.placement import build_placement
+    from mrl_lightning.mwra.plan import build_plan
+
+    placement = build_placement("disjoint", None, ["a", "b"], 2)
+    policies = {"a": _policy(), "b": _policy(tokenizer=object())}
+    rows = build_plan(placement, {"a": SHAPE, "b": SHAPE}, policies, 1, "cpu", "s", "32-true", 1)
+    assert [r.tokenizer_gib * GIB for r in rows] == [3584 * 1000, 0.0]
+    assert [r.checkpoint_gib * GIB for r in rows] == [12 * 10_000, 12 * 10_000]
