@@ -29,6 +29,7 @@ would silently run as another).
 
 from __future__ import annotations
 
+import logging
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -170,6 +171,12 @@ def make_fabric(strategy: str, collective_timeout_s: float, **kwargs: Any) -> Fa
             Lightning turns into ``bf16-mixed`` with a warning only).
     """
     fields = ", ".join(f"trainer.{k}={kwargs.get(k)!r}" for k in ("accelerator", "devices", "num_nodes", "precision"))
+    from lightning_utilities.core import rank_zero
+
+    info = rank_zero.log  # where Lightning's rank_zero_info lines go ("Using bfloat16 ..."; set by lightning.pytorch)
+    held: list[logging.LogRecord] = []
+    hold = _Hold(held)
+    info.addFilter(hold)
     try:
         with warnings.catch_warnings(record=True) as said:  # replayed below unless refused (a switched precision)
             warnings.simplefilter("always")
@@ -180,6 +187,8 @@ def make_fabric(strategy: str, collective_timeout_s: float, **kwargs: Any) -> Fa
         raise ConfigError(f"Lightning refuses {fields} on this machine: {type(exc).__name__}: "
                           f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}. Fix the field it names "
                           "(`mrl fit --help` lists the valid values).") from exc
+    finally:
+        info.removeFilter(hold)
     asked = str(kwargs.get("precision", "32-true"))
     asked = UNIFIED_PRECISION.get(asked, asked)
     runs = getattr(fabric.strategy.precision, "precision", asked)
@@ -190,7 +199,21 @@ def make_fabric(strategy: str, collective_timeout_s: float, **kwargs: Any) -> Fa
                           f"precision){'; 16-mixed needs a CUDA GPU' if asked == '16-mixed' else ''}.")
     for warning in said:
         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    for message in dict.fromkeys(record.getMessage() for record in held):  # once each, though two Fabrics said it
+        info.info(message)
     return fabric
+
+
+class _Hold(logging.Filter):
+    """Keeps the records of a logger back (in ``held``), to be replayed only if the settings are accepted."""
+
+    def __init__(self, held: list[logging.LogRecord]) -> None:
+        super().__init__()
+        self.held = held
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.held.append(record)
+        return False
 
 
 @dataclass

@@ -131,6 +131,32 @@ def test_fp16_mixed_precision_on_a_cpu_is_refused_naming_what_would_run(write_ti
             "--trainer.precision bf16-mixed to run that, or 32-true") in err
 
 
+@pytest.mark.skipif(ON_GPU, reason="the CPU's precision switch")
+def test_lightnings_precision_line_is_held_back_when_refused_and_said_once_when_accepted():
+    import logging
+
+    from lightning_utilities.core import rank_zero
+
+    from mrl_lightning.errors import ConfigError
+    from mrl_lightning.preflight import make_fabric
+
+    said = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    rank_zero.log.addHandler(handler)
+    level = rank_zero.log.level
+    rank_zero.log.setLevel(logging.INFO)
+    try:
+        with pytest.raises(ConfigError, match="Lightning would run 'bf16-mixed' instead"):
+            make_fabric("auto", 60.0, accelerator="cpu", devices=1, precision="16-mixed")
+        assert said == []  # the error is the only line
+        make_fabric("auto", 60.0, accelerator="cpu", devices=1, precision="bf16-mixed")
+        assert said == ["Using bfloat16 Automatic Mixed Precision (AMP)"]
+    finally:
+        rank_zero.log.removeHandler(handler)
+        rank_zero.log.setLevel(level)
+
+
 def test_more_cpu_workers_than_cores_are_refused_with_the_fix(write_tiny_config, no_model_build, capsys, monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     config = write_tiny_config(modify=lambda c: c["trainer"].update(num_threads=None, devices=8))
