@@ -131,16 +131,109 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return state
 
 
-def check_compatible(state: dict[str, Any], policy_names: list[str], max_steps: int) -> None:
-    """Cheap checks of a loaded checkpoint against the config, before any model is built.
+def fingerprint(state: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint says about the config that made it: policy names, each policy's family and
+    parameter shapes, whether it holds a LoRA adapter, the data parts.
+
+    Read from the checkpoint's ``fingerprint`` entry (written since it was added), else
+    derived from the weights and the data position it holds (older checkpoints).
+
+    Returns:
+        ``{"policies": {name: {"family": str | None, "adapter": bool, "shapes": {param: [dims]}}},
+        "data_parts": [names]}``.
+    """
+    if isinstance(state.get("fingerprint"), dict):
+        return state["fingerprint"]
+    policies = {}
+    for name, part in state.get("policies", {}).items():
+        weights = part.get("model", {}) if isinstance(part, dict) else {}
+        policies[name] = {"family": None, "adapter": any("lora_" in key for key in weights),
+                          "shapes": {key: list(value.shape) for key, value in weights.items()
+                                     if isinstance(value, torch.Tensor)}}
+    return {"policies": policies, "data_parts": sorted(state.get("data", {}).get("position", {}))}
+
+
+def shape_differences(saved: dict[str, list[int]], expected: dict[str, tuple[int, ...]],
+                      open_size: int | None = None) -> list[str]:
+    """How a checkpoint's parameter shapes differ from a configured model's (empty when they fit).
+
+    Args:
+        saved: Parameter name -> shape in the checkpoint.
+        expected: Parameter name -> shape of the configured model (counted on the meta device).
+        open_size: A size known only once the model is built (a recipe's vocabulary, counted
+            at the size asked for: its tokenizer is trained at build time and may stop below
+            it): an expected dimension of this size accepts any size.
+    """
+    missing, extra = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
+    out = []
+    if missing:
+        out.append(f"{len(missing)} parameter(s) of this config are not in the checkpoint, e.g. {missing[:2]}")
+    if extra:
+        out.append(f"{len(extra)} parameter(s) of the checkpoint are not in this config, e.g. {extra[:2]}")
+
+    def fits(have: list[int], want: tuple[int, ...]) -> bool:
+        return len(have) == len(want) and all(
+            h == w or (open_size is not None and w == open_size and h >= 1) for h, w in zip(have, want))
+
+    differ = [key for key in sorted(set(saved) & set(expected)) if not fits(list(saved[key]), tuple(expected[key]))]
+    if differ:
+        key = differ[0]
+        out.append(f"{len(differ)} parameter(s) differ in shape, e.g. {key} is {list(saved[key])} in the checkpoint "
+                   f"and {list(expected[key])} in this config")
+    return out
+
+
+def check_compatible(state: dict[str, Any], policy_names: list[str], max_steps: int, *,
+                     data_parts: list[str] | None = None, models: dict[str, dict[str, Any]] | None = None,
+                     path: str | Path | None = None) -> None:
+    """Checks of a loaded checkpoint against the config, before any model is built.
+
+    Args:
+        state: The loaded checkpoint.
+        policy_names: ``model.policies`` names.
+        max_steps: ``trainer.max_steps``.
+        data_parts: The data module's part names (None: not checked).
+        models: Policy name -> ``{"family": ..., "adapter": bool, "shapes": {param: shape},
+            "open_size": int | None}`` of the configured model (policies left out are not checked;
+            ``open_size``: :func:`shape_differences`).
+        path: The checkpoint's file (named in the message, with its run folder's config.yaml).
 
     Raises:
-        CheckpointError: policy names differ, or ``max_steps`` is not above the checkpoint's step.
+        CheckpointError: policy names, data parts, a model's family, kind (full / LoRA adapter)
+            or parameter shapes differ, or ``max_steps`` is not above the checkpoint's step (all
+            differences at once).
     """
+    made_with = "its run folder's config.yaml"
+    if path is not None:
+        made_with = str(Path(path).expanduser().absolute().parent.parent / "config.yaml")
+    field = f"ckpt_path={str(path)!r}" if path is not None else "the checkpoint"
     saved = sorted(state["policies"])
     if saved != sorted(policy_names):
         raise CheckpointError(f"the checkpoint holds policies {saved} but model.policies names {sorted(policy_names)}; "
-                              "resume with the config the checkpoint was made with (its run folder's config.yaml).")
+                              f"resume with the config the checkpoint was made with ({made_with}).")
+    found = fingerprint(state)
+    problems = []
+    if data_parts is not None and found.get("data_parts") and sorted(found["data_parts"]) != sorted(data_parts):
+        problems.append(f"data.parts: the checkpoint's parts are {sorted(found['data_parts'])}, this config's "
+                        f"{sorted(data_parts)}")
+    for name, want in (models or {}).items():
+        have = found["policies"].get(name, {})
+        if have.get("family") and want.get("family") and have["family"] != want["family"]:
+            problems.append(f"policy {name!r}: the checkpoint holds a {have['family']} model, this config builds a "
+                            f"{want['family']} model")
+            continue
+        if bool(have.get("adapter")) != bool(want.get("adapter")):
+            kinds = ("a LoRA adapter", "every weight")
+            problems.append(f"policy {name!r}: the checkpoint holds {kinds[0] if have.get('adapter') else kinds[1]}, "
+                            f"this config trains {kinds[0] if want.get('adapter') else kinds[1]} (use_peft)")
+            continue
+        if want.get("shapes") is not None and have.get("shapes"):
+            for line in shape_differences(have["shapes"], want["shapes"], want.get("open_size")):
+                problems.append(f"policy {name!r}: {line}")
+    if problems:
+        raise CheckpointError(f"{field} does not fit this config:\n  - " + "\n  - ".join(problems)
+                              + f"\nResume with the config the checkpoint was made with ({made_with}), or start "
+                              "a new run without --ckpt_path.")
     step = int(state["counters"]["global_step"])
     if max_steps <= step:
         raise CheckpointError(f"trainer.max_steps={max_steps} is not above the checkpoint's step {step}; "

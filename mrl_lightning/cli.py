@@ -8,15 +8,17 @@ trained policy as a ``save_pretrained`` folder, :mod:`mrl_lightning.export`) are
 
 Start-up: this module imports nothing heavy. Lightning, torch and the models are imported
 only by the sub-command that needs them, so ``mrl --help`` answers at once and ``mrl thl``
-/ ``mrl bandit`` never import Lightning.
+/ ``mrl bandit`` never import Lightning. A worker process of a multi-worker run (``mrl``
+started again by the first one) ties itself to its launcher before anything else
+(:mod:`mrl_lightning.lifeline`).
 """
 
 from __future__ import annotations
 
+import os
 import sys
-import traceback
 
-from mrl_lightning.errors import ConfigError
+from mrl_lightning.lifeline import is_launched_worker, tie_to_launcher
 
 USAGE = """usage: mrl {fit,export,thl,bandit} ...
 
@@ -49,15 +51,20 @@ def main(argv: list[str] | None = None) -> int:
         argv: Arguments after ``mrl`` (``None`` = ``sys.argv[1:]``).
 
     Returns:
-        The exit status: 0 on success (``mrl --help`` included), 1 on a worker error, 2 on
-        a configuration error or no sub-command (the usage then goes to stderr).
+        The exit status: 0 on success (``mrl --help`` included), 2 on a configuration error
+        or no sub-command (the usage then goes to stderr), 1 on any other error, 130 when
+        interrupted (Ctrl-C), 3 in a worker that stopped because a peer failed
+        (:mod:`mrl_lightning.run_stop`).
     """
+    tie_to_launcher()  # a worker process dies with the `mrl` process that started it (mrl_lightning.lifeline)
     from_shell = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "thl":
+        from mrl_lightning.hub import hub_load_kwargs
         from mrl_lightning.thl.cli import main as thl_main
 
-        return thl_main(argv[1:])
+        return thl_main(argv[1:], hub_kwargs=lambda spec, option: hub_load_kwargs(
+            spec, option, "tokenizer spec", filename="tokenizer_config.json"))
     if argv and argv[0] == "export":
         from mrl_lightning.export import main as export_main
 
@@ -69,40 +76,36 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, end="", file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
-    from mrl_lightning.fit_cli import MRLCLI
-    from mrl_lightning.mwra.workers import WorkerError
-
     try:
+        from mrl_lightning.fit_cli import MRLCLI
+
         MRLCLI(args=None if from_shell else argv)
-    except WorkerError as exc:
-        traceback.print_exception(exc.__cause__ or exc, file=sys.stderr)
-        print(f"mrl: worker error: {exc}", file=sys.stderr, flush=True)
-        return 1
-    except Exception as exc:  # noqa: BLE001 - a ConfigError may arrive wrapped by jsonargparse
-        config_error = _find_config_error(exc)
-        if config_error is None and _from_config_parsing(exc):
-            config_error = exc  # jsonargparse folds nested ConfigErrors into a Union message
-        if config_error is None:
-            raise
-        print(f"mrl: configuration error:\n{config_error}", file=sys.stderr)
-        return 2
+    except SystemExit:
+        raise  # the parser's own exits: --help, --print_config, a refused option (status 2)
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - each kind gets its one message
+        return _stopped(exc)
     return 0
+
+
+def _stopped(exc: BaseException) -> int:
+    """Print this process's one message about ``exc`` (or nothing: another rank speaks); the exit status."""
+    from mrl_lightning.run_stop import StopContext, config_error_in, config_error_text, stop_run
+
+    if config_error_in(exc) is None and _from_config_parsing(exc):
+        # jsonargparse folds nested ConfigErrors into a Union message
+        print(config_error_text(exc), file=sys.stderr, flush=True)
+        return 2
+    context = getattr(exc, "mrl_stop", None)  # set by MRLTrainer.fit: rank, workers, the interrupted line
+    if context is None:  # before the run: parsing, building the config's classes
+        context = StopContext(rank=int(os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or 0),
+                              world_size=int(os.environ.get("WORLD_SIZE") or 1), launched_worker=is_launched_worker(),
+                              interrupted_line=lambda: "\nInterrupted before training started; nothing was written.")
+    return stop_run(exc, context)
 
 
 def _from_config_parsing(exc: BaseException) -> bool:
     """True for jsonargparse's "does not validate" errors raised while instantiating the config."""
     return isinstance(exc, ValueError) and "Does not validate against any of the Union subtypes" in str(exc)
-
-
-def _find_config_error(exc: BaseException | None) -> ConfigError | None:
-    """The ConfigError in ``exc``'s cause/context chain, if any."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, ConfigError):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
 
 
 if __name__ == "__main__":

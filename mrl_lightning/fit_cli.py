@@ -9,10 +9,16 @@ expect. The resolved config is saved as ``config.yaml`` in the run folder.
 
 from __future__ import annotations
 
+import inspect
+import logging
+import sys
+
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from mrl_lightning.config_keys import MRLArgumentParser
 from mrl_lightning.data.stream import PromptDataModule
+from mrl_lightning.errors import ConfigError
+from mrl_lightning.preflight import quick_trainer_errors, trainer_errors
 from mrl_lightning.system import MutualRL
 from mrl_lightning.trainer import MRLTrainer
 
@@ -23,6 +29,8 @@ class MRLCLI(LightningCLI):
     """LightningCLI wired to MutualRL, a PromptDataModule subclass (``class_path``) and MRLTrainer."""
 
     def __init__(self, args=None, run: bool = True) -> None:
+        # no "Seed set to 0" line ahead of every run's output and every config error (the seed is in config.yaml)
+        logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
         super().__init__(
             model_class=MutualRL,
             datamodule_class=PromptDataModule,
@@ -49,6 +57,37 @@ class MRLCLI(LightningCLI):
         parser.add_class_arguments(MRLTrainer, "trainer", fail_untyped=False, instantiate=False, sub_configs=True)
         parser.add_lightning_class_args(MutualRL, "model")
         parser.add_lightning_class_args(PromptDataModule, "data", subclass_mode=True)
+
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        """Check the trainer's own values as the arguments give them, then parse as LightningCLI does.
+
+        A bad ``--trainer.*`` value (or one in a ``--config`` file) is reported without
+        waiting for the parse of the whole config (:func:`mrl_lightning.preflight.quick_trainer_errors`);
+        :meth:`instantiate_classes` checks the parsed values again.
+
+        Raises:
+            ConfigError: a trainer value is out of range or of the wrong kind (docs/reliability.md, row 46).
+        """
+        if args is None or isinstance(args, list):
+            keys = set(inspect.signature(MRLTrainer.__init__).parameters) - {"self"}
+            errors = quick_trainer_errors(list(sys.argv[1:] if args is None else args), keys)
+            if errors:
+                raise ConfigError("Invalid trainer config:\n  - " + "\n  - ".join(errors))
+        super().parse_arguments(parser, args)
+
+    def instantiate_classes(self) -> None:
+        """Check the trainer's own values before any class is built, then build them as LightningCLI does.
+
+        The model and data classes are built before the trainer, and the data's may import its
+        libraries (reasoning-gym: about a second); a bad ``--trainer.*`` value is reported
+        without waiting for them (:func:`mrl_lightning.preflight.trainer_errors`).
+        """
+        section = self._get(self.config, "trainer")
+        values = section.as_dict() if hasattr(section, "as_dict") else dict(section or {})
+        errors = trainer_errors(**values)
+        if errors:
+            raise ConfigError("Invalid trainer config:\n  - " + "\n  - ".join(errors))
+        super().instantiate_classes()
 
     def _parse_ckpt_path(self) -> None:
         """Skip LightningCLI's hyper-parameter read of ``--ckpt_path``.

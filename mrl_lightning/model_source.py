@@ -39,6 +39,15 @@ class ModelRecipe:
         """The ``transformers`` config this recipe builds, without building it (vocabulary at its upper bound)."""
         raise NotImplementedError(f"{type(self).__name__} must implement model_config()")
 
+    def config_errors(self, policy, datamodule) -> list[str]:
+        """Problems :meth:`materialize` would meet, found before anything is built (e.g. a task part the
+        data does not have, a cache that cannot be written); each names the field and the fix."""
+        return []
+
+    def built_folder(self, policy, datamodule) -> Path | None:
+        """The folder an earlier :meth:`materialize` left for this policy and data, or None (not built yet)."""
+        return None
+
     @property
     def strong_parts(self) -> list[str] | None:
         """Task parts the built model starts good at (a warm-start's part); None = not known."""

@@ -52,13 +52,27 @@ class RunProgress:
         self.progress.update(self.task, completed=step, description=" ".join(parts))
 
 
-def interrupted_line(step: int, last_checkpoint: Path, checkpoint_every_n_steps: int) -> str:
-    """What Ctrl-C prints: the step it stopped in and the ``--ckpt_path`` to resume from (shell-quoted)."""
+def interrupted_line(step: int, last_checkpoint: Path, checkpoint_every_n_steps: int,
+                     phase: str | None = None) -> str:
+    """What Ctrl-C prints: where it stopped and the ``--ckpt_path`` to resume from (shell-quoted).
+
+    Args:
+        step: Training steps done (``global_step``).
+        last_checkpoint: The run's ``last.ckpt`` (it may not exist yet).
+        checkpoint_every_n_steps: The checkpoint period (named in the hint).
+        phase: The loop's phase Ctrl-C stopped (``build``, ``rollout``, ``update``, ``checkpoint``,
+            ``eval``, ..., ``finish``: after the last step); None = not known.
+    """
     every = f"trainer.checkpoint_every_n_steps: {checkpoint_every_n_steps}"
     hint = (f"resume with --ckpt_path {shlex.quote(str(last_checkpoint))} (the newest checkpoint; the steps after "
             f"it are run again, as often as {every} says)" if last_checkpoint.exists()
             else f"no checkpoint was written yet ({every}; lower it to lose fewer steps)")
-    return f"\nInterrupted during step {step + 1}; {hint}."
+    where = {"build": f"while the models were built (a recipe's warm-start included), before step {step + 1}",
+             "eval": f"during the evaluation at step {step}",
+             "checkpoint": f"while the checkpoint of step {step} was written (the previous one is intact)",
+             "finish": f"while the run was finishing, after its last step ({step})",
+             None: f"during step {step + 1}"}.get(phase, f"during step {step + 1} ({phase})")
+    return f"\nInterrupted {where}; {hint}."
 
 
 def done_line(step: int, last_checkpoint: Path, root_dir: str) -> str:

@@ -4,7 +4,10 @@ A checkpoint holds, per policy, its model (every weight, or a LoRA policy's adap
 :meth:`~mrl_lightning.policy.PolicyModule.weights_state_dict`; an FSDP policy's full tensors,
 gathered in its group) and optimizer state (from the policy's group leader), every callback's state (merged over ranks by the callback,
 :meth:`~mrl_lightning.callbacks.base.MRLCallback.merge_rank_states`), the data position,
-the counters, every rank's RNG states and the placement. Rank 0 writes ``last.ckpt``
+the counters, every rank's RNG states, the placement, and a fingerprint of the config
+(each policy's family, kind and parameter shapes, the data parts) that a resume compares
+with its own config before building anything
+(:func:`~mrl_lightning.checkpoint.check_compatible`). Rank 0 writes ``last.ckpt``
 atomically (:func:`mrl_lightning.checkpoint.atomic_save`) and hard-links ``step=<k>.ckpt``
 to it; the others wait at a barrier. Only weights-only-loadable values go in
 (tensors, numbers, strings, containers); policy states cross ranks as ``torch.save`` bytes
@@ -24,17 +27,28 @@ from mrl_lightning.checkpoint import FORMAT_VERSION, CheckpointError, atomic_sav
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.mwra import rng_state, set_rng_state
 from mrl_lightning.mwra.sharding import full_state, is_sharded, load_full_state
+from mrl_lightning.writable import write_problem
 
 
-def check_run_folder(log_dir: str) -> None:
-    """Refuse to write into a run folder that already holds a run.
+def check_run_folder(log_dir: str, root_dir: str | None = None) -> None:
+    """Refuse a run folder that already holds a run, or that cannot be written.
+
+    Args:
+        log_dir: The run folder (``<default_root_dir>/version_<n>``).
+        root_dir: ``trainer.default_root_dir`` (named in the message when the folder cannot be written).
 
     Raises:
-        ConfigError: ``log_dir`` already has a config.yaml.
+        ConfigError: ``log_dir`` already has a config.yaml, or no file can be created there
+            (a read-only mount, no permission, a path through a file).
     """
     if (Path(log_dir) / "config.yaml").exists():
         raise ConfigError(f"the run folder {log_dir} already holds a run (config.yaml); pick another "
                           "--trainer.version, leave it unset for the next free version_<n>, or remove the folder.")
+    problem = write_problem(log_dir)
+    if problem is not None:
+        field = f"trainer.default_root_dir={root_dir!r}" if root_dir is not None else f"the run folder {log_dir!r}"
+        raise ConfigError(f"{field} cannot be written ({problem}); the run folder, its checkpoints and logs go "
+                          "there. Give a folder you can write: --trainer.default_root_dir <folder>.")
 
 
 def save_run_checkpoint(folder: Path, step: int, *, workers, policies: dict, optimizers: dict, callbacks: list,
@@ -57,7 +71,7 @@ def save_run_checkpoint(folder: Path, step: int, *, workers, policies: dict, opt
         The step file's path (on every rank).
     """
     path = folder / f"step={step}.ckpt"
-    states = {}
+    states, families = {}, {}
     for name in workers.local_policies:
         if is_sharded(policies[name].model):  # FSDP: every rank of the group gathers the full tensors
             part = {"model": full_state(policies[name].model.state_dict()),
@@ -68,7 +82,9 @@ def save_run_checkpoint(folder: Path, step: int, *, workers, policies: dict, opt
             continue
         if workers.is_leader(name):
             states[name] = part
-    local = {"policies": states, "callbacks": {cb.state_key: cb.state_dict() for cb in callbacks}, "rng": rng_state()}
+            families[name] = getattr(getattr(policies[name].model, "config", None), "model_type", None)
+    local = {"policies": states, "callbacks": {cb.state_key: cb.state_dict() for cb in callbacks}, "rng": rng_state(),
+             "families": families}
     if workers.distributed:  # torch.save keeps tied weights one storage; pickling for the gather would not
         local["policies"] = {name: _pack(part) for name, part in local["policies"].items()}
     gathered = workers.gather_to_zero(local, "checkpoint")
@@ -85,6 +101,13 @@ def save_run_checkpoint(folder: Path, step: int, *, workers, policies: dict, opt
             "rng": {"ranks": [g["rng"] for g in gathered]},
             "placement": {"mode": workers.placement.mode,
                           "groups": {k: list(v) for k, v in workers.placement.groups.items()}},
+        }
+        families = {name: family for g in gathered for name, family in g["families"].items()}
+        state["fingerprint"] = {  # compared with the config before a resume builds anything (check_compatible)
+            "policies": {name: {"family": families.get(name), "adapter": bool(policies[name].use_peft),
+                                "shapes": {key: list(value.shape) for key, value in part["model"].items()}}
+                         for name, part in state["policies"].items()},
+            "data_parts": sorted(data_state.get("position", {})),
         }
         _write(state, folder, path, compress, keep)
     workers.barrier("checkpoint")

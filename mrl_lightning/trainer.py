@@ -18,6 +18,7 @@ TensorBoard events, ``checkpoints/step=<k>.ckpt`` and ``checkpoints/last.ckpt``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from functools import partial
@@ -25,27 +26,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric import Fabric
 from lightning.fabric.loggers import TensorBoardLogger
 
-from mrl_lightning.builders import build_on_rank, plan_shapes
-from mrl_lightning.callbacks.base import HookContext, MRLCallback, collect_services, service_errors
-from mrl_lightning.checkpoint import check_compatible, load_checkpoint
+from mrl_lightning.builders import build_on_rank
+from mrl_lightning.callbacks.base import HookContext, MRLCallback, collect_services
 from mrl_lightning.errors import ConfigError
+from mrl_lightning.lifeline import is_launched_worker
 from mrl_lightning.metrics import Global, Max, window_reduce
-from mrl_lightning.mwra import PLACEMENTS, Workers, build_placement, stream_seed
-from mrl_lightning.mwra.plan import plan_resources
+from mrl_lightning.mwra import Workers, stream_seed
 from mrl_lightning.mwra.process import peak_memory_gib
-from mrl_lightning.mwra.sharding import sharding_errors
-from mrl_lightning.mwra.strategy import PolicyGroupsStrategy
 from mrl_lightning.objectives.aux_share import term_names
+from mrl_lightning.preflight import check_before_build, make_fabric, trainer_errors
 from mrl_lightning.progress import RunProgress, done_line, interrupted_line
 from mrl_lightning.reporting import eval_summary, evaluate_on_workers, rollout_metrics
-from mrl_lightning.run_checkpoint import check_run_folder, restore_run_checkpoint, save_run_checkpoint
+from mrl_lightning.run_checkpoint import restore_run_checkpoint, save_run_checkpoint
+from mrl_lightning.run_stop import StopContext
 from mrl_lightning.update import mark_for_rescoring, new_train_batch, policy_update
 
 FULL_PRECISION = ("32-true", "32", "64-true", "64")
-STRATEGIES = ("auto", "ddp")
 
 
 class _InContext:
@@ -105,7 +103,8 @@ class MRLTrainer:
         seed: Run seed of the sampling streams; None = the CLI's ``seed_everything``.
 
     Raises:
-        ConfigError: invalid values (all at once).
+        ConfigError: invalid values (all at once), an accelerator this machine does not have, or a
+            precision Lightning would run as another on it (:mod:`mrl_lightning.preflight`).
     """
 
     def __init__(
@@ -133,25 +132,12 @@ class MRLTrainer:
         version: int | str | None = None,
         seed: int | None = None,
     ) -> None:
-        errors = []
-        for key, value in (("max_steps", max_steps), ("log_every_n_steps", log_every_n_steps),
-                           ("eval_every_n_steps", eval_every_n_steps), ("keep_checkpoints", keep_checkpoints),
-                           ("devices", devices), ("num_nodes", num_nodes)):
-            if not isinstance(value, int) or value < 1:
-                errors.append(f"trainer.{key}={value!r} must be an integer >= 1.")
-        if eval_num_generations < 0:
-            errors.append(f"trainer.eval_num_generations={eval_num_generations} must be >= 0 (0 = greedy only).")
-        if checkpoint_every_n_steps < 0:
-            errors.append(f"trainer.checkpoint_every_n_steps={checkpoint_every_n_steps} must be >= 0.")
-        if num_threads is not None and num_threads < 1:
-            errors.append(f"trainer.num_threads={num_threads} must be >= 1 or null.")
-        if strategy not in STRATEGIES:
-            errors.append(f"trainer.strategy={strategy!r} is not supported: each policy's data parallelism runs over "
-                          f"its own group of ranks (docs/mwra.md); valid: {list(STRATEGIES)}.")
-        if placement not in PLACEMENTS:
-            errors.append(f"trainer.placement={placement!r}; valid: {list(PLACEMENTS)}.")
-        if not collective_timeout_s > 0:
-            errors.append(f"trainer.collective_timeout_s={collective_timeout_s} must be > 0 seconds.")
+        errors = trainer_errors(max_steps=max_steps, log_every_n_steps=log_every_n_steps,
+                                eval_every_n_steps=eval_every_n_steps, keep_checkpoints=keep_checkpoints,
+                                devices=devices, num_nodes=num_nodes, eval_num_generations=eval_num_generations,
+                                checkpoint_every_n_steps=checkpoint_every_n_steps, num_threads=num_threads,
+                                strategy=strategy, placement=placement, collective_timeout_s=collective_timeout_s,
+                                accelerator=accelerator)
         if errors:
             raise ConfigError("Invalid trainer config:\n  - " + "\n  - ".join(errors))
         self.max_steps = max_steps
@@ -165,11 +151,9 @@ class MRLTrainer:
         self.placement_mode, self.policy_ranks = placement, policy_ranks
         self.collective_timeout_s, self.devices_per_node, self.seed = collective_timeout_s, devices, seed
         self.logger = TensorBoardLogger(root_dir=default_root_dir, name="", version=version)
-        kwargs = dict(accelerator=accelerator, devices=devices, num_nodes=num_nodes, precision=precision,
-                      callbacks=self.callbacks, loggers=[self.logger])
-        self.fabric = Fabric(strategy="auto" if strategy == "auto" else "ddp", **kwargs)
-        if self.fabric.world_size > 1 or strategy == "ddp":
-            self.fabric = Fabric(strategy=PolicyGroupsStrategy(timeout_s=collective_timeout_s), **kwargs)
+        self.fabric = make_fabric(strategy, collective_timeout_s, accelerator=accelerator, devices=devices,
+                                  num_nodes=num_nodes, precision=precision, callbacks=self.callbacks,
+                                  loggers=[self.logger])
         self.ctx = HookContext(callbacks=self.callbacks, fabric=self.fabric, print=self.print)
         self.workers: Workers | None = None
         self.samples_seen, self.optimizer_steps = 0, {}  # completions sampled (all ranks); per policy
@@ -209,34 +193,54 @@ class MRLTrainer:
                 exactly as an uninterrupted run would; None = start from step 0.
 
         Raises:
-            ConfigError: configuration or resource-plan problems, found before any model is built.
+            ConfigError: configuration or resource-plan problems, found before any model is built
+                (:func:`mrl_lightning.preflight.check_before_build`).
             CheckpointError: ``ckpt_path`` is missing, unreadable or from another config.
             WorkerError: a worker failed, or a collective failed or timed out (names the rank and phase).
+            KeyboardInterrupt: Ctrl-C.
+
+        Any exception leaves with ``mrl_stop``, a :class:`~mrl_lightning.run_stop.StopContext`
+        of this rank, from which ``mrl`` prints one message on the rank that had the error and
+        stays quiet on the others (:func:`mrl_lightning.run_stop.stop_run`).
         """
-        placement = build_placement(self.placement_mode, self.policy_ranks, list(model.policies),
-                                    self.fabric.world_size)
-        self.ctx.placement = placement
-        errors = service_errors(self.callbacks) + [e for cb in self.callbacks for e in cb.config_errors(self.ctx, model)]
-        if errors:
-            raise ConfigError("Invalid callbacks config:\n  - " + "\n  - ".join(errors))
-        checkpoint = load_checkpoint(ckpt_path) if ckpt_path else None
-        if checkpoint is not None:
-            check_compatible(checkpoint, list(model.policies), self.max_steps)
-        shapes, errors = plan_shapes(dict(model.policies))  # configs only (LoRA on the meta device)
-        errors += sharding_errors(placement, dict(model.policies), datamodule.batch_size)
-        if errors:
-            raise ConfigError("Invalid policy config:\n  - " + "\n  - ".join(errors))
-        plan_text, threads = plan_resources(placement, shapes, dict(model.policies), datamodule.batch_size,
-                                            self.fabric.device.type, type(self.fabric.strategy).__name__,
-                                            self.precision, self.devices_per_node, self.num_threads)
-        if self.fabric.global_rank == 0:
-            check_run_folder(self.log_dir)
-        torch.set_num_threads(threads)
+        try:
+            self._fit(model, datamodule, ckpt_path)
+        except (Exception, KeyboardInterrupt) as exc:
+            watch = self._watch()
+            if watch is not None:
+                watch.stopping = True  # the launcher's watch interrupts nothing from here on
+            with contextlib.suppress(Exception):
+                self.logger.finalize("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
+            with contextlib.suppress(Exception):  # never hide the exception behind one of its own
+                exc.mrl_stop = self._stop_context(watch)
+            raise
+
+    def _watch(self):
+        """Rank 0's watch of the workers it launched (None in a worker, one process, torchrun or SLURM)."""
+        return getattr(getattr(self.fabric.strategy, "launcher", None), "watch", None)
+
+    def _stop_context(self, watch) -> StopContext:
+        placement = self.ctx.placement
+        stopped_in = self.workers.stopped_in if self.workers is not None else None
+        if stopped_in is None and self.global_step >= self.max_steps:
+            stopped_in = ("finish", self.global_step)
+        return StopContext(
+            rank=self.fabric.global_rank, world_size=self.fabric.world_size, launched_worker=is_launched_worker(),
+            watch=watch, policies_of=placement.policies_on if placement is not None else (lambda rank: []),
+            interrupted_line=lambda: interrupted_line(self.global_step, self.last_checkpoint_path,
+                                                      self.checkpoint_every_n_steps, stopped_in and stopped_in[0]),
+            traceback_dir=self.log_dir if Path(self.log_dir).is_dir() else None, stopped_in=stopped_in,
+            last_checkpoint=self.last_checkpoint_path)
+
+    def _fit(self, model, datamodule, ckpt_path: str | None) -> None:
+        checked = check_before_build(self, model, datamodule, ckpt_path)
+        checkpoint = checked.checkpoint
+        torch.set_num_threads(checked.threads)
         self.fabric.launch()
-        self.workers = w = Workers(placement, self.fabric.global_rank, self.collective_timeout_s)
+        self.workers = w = Workers(checked.placement, self.fabric.global_rank, self.collective_timeout_s)
         self.logger._version = w.broadcast_from_zero(self.logger.version, "run folder")
         self.ctx.workers, self.ctx.log_dir, self.ctx.is_global_zero = w, self.log_dir, self.is_global_zero
-        self.print("Resource plan (MWRA):\n" + plan_text)
+        self.print("Resource plan (MWRA):\n" + checked.plan_text)
         with w.phase("build"):
             self._modules = build_on_rank(model, datamodule, w, self.fabric, self.print_any_rank,
                                           resuming=checkpoint is not None)
@@ -252,18 +256,16 @@ class MRLTrainer:
         self.fabric.call("on_fit_start", self.ctx, model)
         if self.global_step == 0:
             self._evaluate(model, datamodule)
-        try:
-            self._loop(model, datamodule)
-        except KeyboardInterrupt:
-            self.logger.finalize("interrupted")
-            self.print(interrupted_line(self.global_step, self.last_checkpoint_path, self.checkpoint_every_n_steps))
-            raise SystemExit(130) from None
+        self._loop(model, datamodule)
         if self.global_step % self.eval_every_n_steps:
             self._evaluate(model, datamodule)
         self.save_checkpoint(model, datamodule)
         self.fabric.call("on_fit_end", self.ctx, model)
         self.logger.finalize("success")
         self.print(done_line(self.global_step, self.last_checkpoint_path, self.default_root_dir))
+        launcher = getattr(self.fabric.strategy, "launcher", None)
+        if getattr(launcher, "watch", None) is not None:
+            launcher.join(timeout_s=60.0)  # the workers finish their last steps; none outlives the run
 
     @property
     def last_checkpoint_path(self) -> Path:

@@ -77,3 +77,13 @@ def test_every_cited_docs_page_exists():
     missing = {name: where for name, where in cited.items()
                if not (REPO / "docs" / name).is_file() and name not in PENDING_PAGES}
     assert not missing, f"cited docs pages that do not exist: {missing}"
+
+
+def test_readme_counts_the_hostile_inputs_docs_reliability_lists():
+    page = (REPO / "docs" / "reliability.md").read_text(encoding="utf-8")
+    section = page[page.index("## Hostile inputs"):page.index("## Kills at random moments")]
+    rows = re.findall(r"^\| (\d+b?) \|", section, re.M)
+    assert len(rows) == len(set(rows)), "a row number is used twice"
+    counted = re.search(r"Hostile inputs \((\d+) of them", (REPO / "README.md").read_text(encoding="utf-8"))
+    assert counted and int(counted.group(1)) == len(rows), f"README says {counted and counted.group(1)}, " \
+                                                           f"docs/reliability.md lists {len(rows)}"

@@ -55,18 +55,23 @@ def materialize(policy: PolicyModule, datamodule=None, cache_log=print, resuming
     return os.path.expanduser(source)
 
 
-def model_config(policy: PolicyModule):
+def model_config(policy: PolicyModule, datamodule=None):
     """The model's ``transformers`` config without loading weights; None when unreadable.
 
-    A recipe gives the config it would build (vocabulary at its upper bound); a folder
+    A recipe gives the config it would build (vocabulary at its upper bound), or, given the
+    data module, the exact config of the folder an earlier run built (a cache hit); a folder
     or hub id is read with ``AutoConfig.from_pretrained`` (offline hub ids give None).
     """
-    if isinstance(policy.model_source, ModelRecipe):
-        return policy.model_source.model_config()
+    source = policy.model_source
+    if isinstance(source, ModelRecipe):
+        built = source.built_folder(policy, datamodule) if datamodule is not None else None
+        if built is None:
+            return source.model_config()
+        source = str(built)
     try:
         from transformers import AutoConfig
 
-        source = os.path.expanduser(policy.model_source)
+        source = os.path.expanduser(source)
         return AutoConfig.from_pretrained(source, **hub_load_kwargs(source, "model", policy.policy_name))
     except Exception:  # noqa: BLE001 - the plan then says "?" for this policy
         return None
@@ -129,12 +134,17 @@ def lora_config(policy: PolicyModule):
                       modules_to_save=policy.lora_modules_to_save)
 
 
-def plan_shapes(policies: dict[str, PolicyModule]) -> tuple[dict, list[str]]:
+def plan_shapes(policies: dict[str, PolicyModule], datamodule=None) -> tuple[dict, list[str]]:
     """Each policy's :class:`~mrl_lightning.mwra.plan.ModelShape` for the resource plan, from its config alone.
 
     For a ``use_peft`` policy the adapter is put on the model built on the meta device (no
-    memory, no weights), which counts its trainable parameters and shows whether the
-    ``lora_target_modules`` exist, before any weight is loaded.
+    memory, no weights), which counts its trainable parameters, gives the shapes of what its
+    checkpoint holds (the adapter's) and shows whether the ``lora_target_modules`` exist,
+    before any weight is loaded.
+
+    Args:
+        policies: Policy name -> policy.
+        datamodule: Given, a recipe found in its cache gives its exact config (:func:`model_config`).
 
     Returns:
         Policy name -> shape (None when the config cannot be read), and the config errors found.
@@ -143,21 +153,22 @@ def plan_shapes(policies: dict[str, PolicyModule]) -> tuple[dict, list[str]]:
 
     shapes, errors = {}, []
     for name, policy in policies.items():
-        config = model_config(policy)
+        config = model_config(policy, datamodule)
         shapes[name] = shape = model_shape(config) if config is not None else None
         if shape is None or not policy.use_peft:
             continue
-        trainable, error = _meta_adapter(policy, config)
+        trainable, error, adapter_shapes = _meta_adapter(policy, config)
         if error:
             errors.append(error)
         else:
-            shape.trainable = trainable
+            shape.trainable, shape.state_shapes = trainable, adapter_shapes
     return shapes, errors
 
 
-def _meta_adapter(policy: PolicyModule, config) -> tuple[int, str | None]:
-    """``(trainable parameters, error)`` of the policy's adapter on its model built on the meta device."""
-    from peft import get_peft_model
+def _meta_adapter(policy: PolicyModule, config) -> tuple[int, str | None, dict | None]:
+    """``(trainable parameters, error, adapter state shapes)`` of the policy's adapter on its model built on
+    the meta device."""
+    from peft import get_peft_model, get_peft_model_state_dict
     from transformers import AutoModelForCausalLM
     from transformers.pytorch_utils import Conv1D
 
@@ -170,8 +181,9 @@ def _meta_adapter(policy: PolicyModule, config) -> tuple[int, str | None]:
         except ValueError as exc:
             return 0, (f"policy {policy.policy_name!r}: lora_target_modules={policy.lora_target_modules!r} does not "
                        f"fit the model ({str(exc).splitlines()[0]}); its linear layers are {linear}, e.g. "
-                       f"lora_target_modules: {linear[:2]} or all-linear.")
-    return sum(p.numel() for p in model.parameters() if p.requires_grad), None
+                       f"lora_target_modules: {linear[:2]} or all-linear."), None
+        adapter = {k: tuple(v.shape) for k, v in get_peft_model_state_dict(model).items()}
+    return sum(p.numel() for p in model.parameters() if p.requires_grad), None, adapter
 
 
 def build_on_rank(system, datamodule, workers, fabric, log, resuming: bool = False) -> dict[str, tuple]:

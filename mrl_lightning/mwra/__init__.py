@@ -2,17 +2,18 @@
 
 See docs/mwra.md. ``placement`` (which ranks run which policy), ``plan`` (threads and
 memory estimate, validated before any model is built), ``strategy`` (the Fabric strategy
-of multi-process runs), ``workers`` (what this rank runs; collectives), ``rng``
-(placement-independent sampling streams).
+of multi-process runs), ``launcher`` (starting and watching one node's workers),
+``workers`` (what this rank runs; collectives), ``rng`` (placement-independent sampling
+streams).
 """
 
 from mrl_lightning.mwra.placement import PLACEMENTS, Placement, build_placement, shard_indices
 from mrl_lightning.mwra.plan import PolicyPlacement, build_plan, format_plan, model_shape, validate_resources
 from mrl_lightning.mwra.rng import rng_state, sampling_rng, set_rng_state, stream_seed
-from mrl_lightning.mwra.workers import WorkerError, Workers
+from mrl_lightning.mwra.workers import CollectiveError, WorkerError, Workers
 
 __all__ = [
-    "PLACEMENTS", "Placement", "PolicyPlacement", "WorkerError", "Workers", "build_placement", "build_plan",
-    "format_plan", "model_shape", "rng_state", "sampling_rng", "set_rng_state", "shard_indices",
+    "CollectiveError", "PLACEMENTS", "Placement", "PolicyPlacement", "WorkerError", "Workers", "build_placement",
+    "build_plan", "format_plan", "model_shape", "rng_state", "sampling_rng", "set_rng_state", "shard_indices",
     "stream_seed", "validate_resources",
 ]

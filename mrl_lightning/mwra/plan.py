@@ -34,7 +34,9 @@ from dataclasses import dataclass
 
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.mwra.placement import Placement
-from mrl_lightning.mwra.process import GIB, omp_threads, process_rss_bytes
+from mrl_lightning.mwra.process import omp_threads, peak_memory_gib, process_rss_bytes  # noqa: F401 - also from here
+
+GIB = 2**30
 
 
 @dataclass
@@ -49,6 +51,8 @@ class ModelShape:
         layers: Transformer layers.
         heads: Attention heads a.
         trainable: Parameters the optimizer steps (a LoRA adapter's); None = all of them.
+        state_shapes: Name -> shape of every entry of the model's ``state_dict`` (a LoRA
+            policy's: its adapter's), what a checkpoint of it holds; None = not counted.
     """
 
     family: str
@@ -58,6 +62,7 @@ class ModelShape:
     layers: int
     heads: int
     trainable: int | None = None
+    state_shapes: dict[str, tuple[int, ...]] | None = None
 
 
 def model_shape(config) -> ModelShape:
@@ -75,7 +80,8 @@ def model_shape(config) -> ModelShape:
     get = lambda *names: next((getattr(config, n) for n in names if getattr(config, n, None)), 0)  # noqa: E731
     return ModelShape(family=getattr(config, "model_type", "?"), params=params, vocab=get("vocab_size"),
                       hidden=get("hidden_size", "n_embd"), layers=get("num_hidden_layers", "n_layer"),
-                      heads=get("num_attention_heads", "n_head"))
+                      heads=get("num_attention_heads", "n_head"),
+                      state_shapes={k: tuple(v.shape) for k, v in model.state_dict().items()})
 
 
 @dataclass
@@ -330,10 +336,14 @@ def validate_resources(
         device_memory_gib: Memory of one accelerator (CPU: the node's RAM), GiB; None = unknown.
 
     Raises:
-        ConfigError: more ranks than devices, CPU threads oversubscribed, a policy's group
-            larger than the batch, or estimated memory over a known device size (all at once).
+        ConfigError: more ranks than devices, more CPU workers than cores, CPU threads oversubscribed, a
+            policy's group larger than the batch, or estimated memory over a known device size (all at once).
     """
     errors = []
+    if device == "cpu" and devices_per_node > cores:
+        errors.append(f"trainer.devices={devices_per_node} CPU worker processes per node but {cores} CPU core(s): "
+                      f"workers would take turns on the cores and the run would be several times slower than "
+                      f"with {cores}. Set --trainer.devices {cores} (or fewer).")
     if available_devices is not None and devices_per_node > available_devices:
         errors.append(f"trainer.devices={devices_per_node} but this node has {available_devices} {device} "
                       f"device(s); lower --trainer.devices to {available_devices} (and trainer.policy_ranks with it).")
@@ -413,7 +423,7 @@ def plan_resources(placement: Placement, shapes: dict[str, ModelShape | None], p
         The plan as text, and the threads per worker.
 
     Raises:
-        ConfigError: oversubscribed devices or threads, or a memory estimate above the device's (all at once).
+        ConfigError: oversubscribed devices, cores or threads, or a memory estimate above the device's (all at once).
     """
     import torch
 

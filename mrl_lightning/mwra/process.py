@@ -1,11 +1,9 @@
-"""This worker process's resources: resident and peak memory, its OpenMP threads (docs/mwra.md, "The resource plan")."""
+"""This worker process's threads and memory, as the resource plan reads them (docs/mwra.md)."""
 
 from __future__ import annotations
 
 import os
 import resource
-
-GIB = 2**30
 
 
 def process_rss_bytes() -> float:
@@ -28,5 +26,5 @@ def peak_memory_gib(device) -> float:
     if device.type == "cuda":
         import torch
 
-        return torch.cuda.max_memory_allocated(device) / GIB
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30

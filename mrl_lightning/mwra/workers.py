@@ -22,6 +22,7 @@ this rank's own code names the rank and phase too.
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -33,8 +34,25 @@ from mrl_lightning.metrics import combine_metrics
 from mrl_lightning.mwra.placement import Placement, shard_indices
 
 
+_SOURCE_LOCATION = re.compile(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*")  # gloo's "[/path/pair.cc:553] "
+
+
 class WorkerError(RuntimeError):
-    """A worker failed or a collective failed / timed out; the message names the rank and phase."""
+    """A worker failed in one of the loop's phases; the message names the rank, its policies, the phase and the step.
+
+    Attributes:
+        rank: The rank that failed.
+        phase: The loop's phase (``build``, ``rollout``, ``exchange``, ...).
+        step: The step in progress.
+    """
+
+    def __init__(self, message: str, rank: int = 0, phase: str = "", step: int = 0) -> None:
+        super().__init__(message)
+        self.rank, self.phase, self.step = rank, phase, step
+
+
+class CollectiveError(WorkerError):
+    """A collective failed or timed out: another rank failed, ended or hangs (its own error, if any, is its own)."""
 
 
 class Workers:
@@ -73,6 +91,7 @@ class Workers:
                     self._groups[name] = group if rank in ranks else None
         self.local_policies = placement.policies_on(rank)
         self.phase_name, self.step = "setup", 0
+        self.stopped_in: tuple[str, int] | None = None  # (phase, step) the run stopped in, once it has
         self.wait_s = 0.0
 
     # ------------------------------------------------------------------ topology
@@ -104,13 +123,15 @@ class Workers:
             self.step = step
         try:
             yield
-        except (WorkerError, KeyboardInterrupt, SystemExit):
-            raise
-        except Exception as exc:
+        except BaseException as exc:
+            if self.stopped_in is None:  # the innermost phase an exception (Ctrl-C included) left
+                self.stopped_in = (name, self.step)
+            if isinstance(exc, (WorkerError, KeyboardInterrupt, SystemExit)) or not isinstance(exc, Exception):
+                raise
             if not self.distributed:
                 raise
             raise WorkerError(f"rank {self.rank} ({', '.join(self.local_policies)}) failed in phase {name!r} at "
-                              f"step {self.step}: {type(exc).__name__}: {exc}") from exc
+                              f"step {self.step}: {type(exc).__name__}: {exc}", self.rank, name, self.step) from exc
         finally:
             self.phase_name = previous
 
@@ -120,11 +141,12 @@ class Workers:
             return fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - gloo / nccl errors come in several types
             waited = time.perf_counter() - start
-            raise WorkerError(
+            first = _SOURCE_LOCATION.sub("", str(exc).splitlines()[0]) if str(exc) else ""
+            raise CollectiveError(
                 f"rank {self.rank} ({', '.join(self.local_policies)}) waited {waited:.1f} s at the {what} collective "
                 f"in phase {self.phase_name!r}, step {self.step}, and it failed (timeout {self.timeout_s:.0f} s): "
-                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}. Another rank failed or "
-                "hangs; its own error, if any, is printed above."
+                f"{type(exc).__name__}: {first}. Another rank failed, ended or hangs; if one only needs longer "
+                "(a long warm-start), raise trainer.collective_timeout_s.", self.rank, self.phase_name, self.step
             ) from exc
         finally:
             self.wait_s += time.perf_counter() - start

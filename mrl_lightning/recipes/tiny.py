@@ -36,6 +36,7 @@ Budgets are in steps, not wall-clock, so a busy machine changes the time, not th
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -59,6 +60,8 @@ from mrl_lightning.recipes.families import (
     config_override_errors,
 )
 from mrl_lightning.recipes.families import model_config as family_config
+from mrl_lightning.recipes.warm_start import warm_start_shortfall, warm_start_split  # noqa: F401 - also imported from here
+from mrl_lightning.writable import write_problem
 
 
 def default_cache_dir() -> str:
@@ -86,75 +89,6 @@ def save_model(model, out: Path) -> None:
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(str(out))
     save_safetensors(model, str(out / "model.safetensors"), metadata={"format": "pt"})
-
-
-def warm_start_shortfall(
-    policy_name: str, part: str | None, accuracy: dict[str, float], target: float, steps: int
-) -> str | None:
-    """The warning line for a warm-start that ended below its target; None when it reached it.
-
-    Args:
-        policy_name: The policy the recipe built.
-        part: ``warm_start_part`` (None: no warm-start, so nothing to miss).
-        accuracy: Greedy accuracy per data part at the last check, in [0, 1].
-        target: ``warm_start_target``, in [0, 1].
-        steps: Supervised steps run.
-
-    Returns:
-        ``"[<policy>] warning: warm-start stopped at step <steps> below its target: greedy
-        accuracy <a> on '<part>' < warm_start_target <t> ..."``, or None.
-    """
-    if part is None:
-        return None
-    reached = accuracy.get(part)
-    if reached is not None and reached >= target:
-        return None
-    shown = "not measured" if reached is None else f"{reached:.2f}"
-    return (f"[{policy_name}] warning: warm-start stopped at step {steps} below its target: greedy accuracy "
-            f"{shown} on {part!r} < warm_start_target {target:g}. Training starts from this model; raise "
-            "warm_start_steps (or lower warm_start_target) for a stronger start.")
-
-
-def warm_start_split(datamodule, part: str, size: int, seed: int) -> tuple[list, dict[str, list]]:
-    """The warm-start's own validation prompts, and the prompts it may train on.
-
-    For every data part, ``min(size, n // 2)`` of its n training prompts are drawn (seeded by
-    ``seed`` and the part's name, so the split is the same on every run and machine) as that
-    part's validation prompts, leaving out any whose question is also a held-out evaluation
-    question. The supervised prompts are ``part``'s training prompts whose question is none
-    of the validation questions (of any part) nor an evaluation question. The warm-start
-    selects (stops) on the validation prompts only: the held-out evaluation prompts stay
-    unseen, so the first evaluation of a run is not biased upwards by the selection.
-
-    Args:
-        datamodule: A prompt data module (``parts``, ``train_items(part)``, ``eval_items()``).
-        part: ``warm_start_part``, the part trained on.
-        size: ``warm_start_val_size``, validation prompts per part (>= 1).
-        seed: The recipe's seed.
-
-    Returns:
-        ``(sft_items, validation)``: the prompts of ``part`` to train on, and part name ->
-        validation prompts.
-
-    Raises:
-        ValueError: ``part`` is not a data part, or no prompt of ``part`` is left to train on.
-    """
-    parts = [p.name for p in datamodule.parts]
-    if part not in parts:
-        raise ValueError(f"TinyCausalLM.warm_start_part={part!r} is not a data part; valid: {parts}.")
-    held = {x.question for items in datamodule.eval_items().values() for x in items}
-    validation = {}
-    for name in parts:
-        pool = [x for x in datamodule.train_items(name) if x.question not in held]
-        validation[name] = random.Random(f"{seed}/warm-start-validation/{name}").sample(
-            pool, min(size, len(pool) // 2))
-    seen = held | {x.question for items in validation.values() for x in items}
-    sft = [x for x in datamodule.train_items(part) if x.question not in seen]
-    if not sft:
-        raise ValueError(f"TinyCausalLM: no training prompt of part {part!r} is left for the warm-start once "
-                         f"warm_start_val_size={size} validation prompts per part are set apart; lower "
-                         "warm_start_val_size or raise data.train_size.")
-    return sft, validation
 
 
 class TinyCausalLM(ModelRecipe):
@@ -308,6 +242,41 @@ class TinyCausalLM(ModelRecipe):
             return None
         return folder
 
+    def cache_folder(self, policy, datamodule) -> Path:
+        """Where this recipe's model for ``policy`` and ``datamodule`` is (or will be) cached."""
+        root = Path(self.cache_dir or default_cache_dir()).expanduser() / "models"
+        return root / f"{self.family}-{self.tokenizer_kind}-{self.cache_key(policy, datamodule)}"
+
+    def built_folder(self, policy, datamodule) -> Path | None:
+        """The cached folder when an earlier run built it (a cache hit), else None."""
+        folder = self.cache_folder(policy, datamodule)
+        return folder if (folder / "warm_start.json").is_file() else None
+
+    def config_errors(self, policy, datamodule) -> list[str]:
+        """``warm_start_part`` not a part of the data, or a cache miss whose cache folder cannot be written.
+
+        Checked before any model is built (the trainer's config-time checks), so neither is
+        found minutes into a run, or only on the rank that builds this policy.
+        """
+        p, errors = f"policy {policy.policy_name!r}", []
+        parts = [part.name for part in datamodule.parts]
+        if self.warm_start_part is not None and self.warm_start_part not in parts:
+            near = difflib.get_close_matches(self.warm_start_part, parts, n=1, cutoff=0.4)
+            errors.append(f"{p}: TinyCausalLM.warm_start_part={self.warm_start_part!r} is not a part of the data; "
+                          f"the data parts (data.parts names) are {parts}. Set warm_start_part to one of them"
+                          + (f", e.g. {near[0]!r}." if near else "."))
+        elif self.built_folder(policy, datamodule) is None:
+            root = self.cache_folder(policy, datamodule).parent
+            problem = write_problem(root)
+            if problem is not None:
+                field = (f"TinyCausalLM.cache_dir={self.cache_dir!r}" if self.cache_dir else
+                         f"MRL_CACHE_DIR={os.environ['MRL_CACHE_DIR']!r}" if os.environ.get("MRL_CACHE_DIR") else
+                         f"the model cache {str(root.parent)!r} (MRL_CACHE_DIR unset)")
+                errors.append(f"{p}: {field} cannot be written ({problem}), and this recipe's model is not built "
+                              "yet: it is built into the cache. Set MRL_CACHE_DIR (or TinyCausalLM.cache_dir) to a "
+                              "folder you can write.")
+        return errors
+
     def materialize(self, policy, datamodule, log: Callable[[str], None] = print,
                     warn_shortfall: bool = True) -> Path:
         """Return the cached folder, building it first if absent.
@@ -322,8 +291,8 @@ class TinyCausalLM(ModelRecipe):
         Raises:
             ValueError: ``warm_start_part`` is not a part of the data module.
         """
-        root = Path(self.cache_dir or default_cache_dir()).expanduser() / "models"
-        final = root / f"{self.family}-{self.tokenizer_kind}-{self.cache_key(policy, datamodule)}"
+        final = self.cache_folder(policy, datamodule)
+        root = final.parent
         if (final / "warm_start.json").is_file():
             log(f"[{policy.policy_name}] warm-start cache hit: {final}")
             report = json.loads((final / "warm_start.json").read_text())

@@ -95,15 +95,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run(source: str, target: str, texts: Sequence[str], cache_dir: str | None = None, seed: int = 0) -> dict:
+def run(source: str, target: str, texts: Sequence[str], cache_dir: str | None = None, seed: int = 0,
+        hub_kwargs=None) -> dict:
     """Score ``texts`` between two tokenizers; returns the JSON report as a dict.
 
+    Args:
+        hub_kwargs: ``(spec, option) -> from_pretrained kwargs`` for a spec that is a hub id (``mrl``
+            passes the hub's fast offline check, :func:`mrl_lightning.hub.hub_load_kwargs`); None = none.
+
     Raises:
-        ValueError: If a tokenizer spec cannot be loaded.
+        ValueError: If a tokenizer spec cannot be loaded (or its hub id cannot be reached).
         TypeError: If a tokenizer is not a fast tokenizer.
     """
-    src_tok = load_tokenizer(source, cache_dir=cache_dir)
-    tgt_tok = load_tokenizer(target, cache_dir=cache_dir)
+    def kwargs(option: str):
+        return None if hub_kwargs is None else (lambda spec: hub_kwargs(spec, option))
+
+    src_tok = load_tokenizer(source, cache_dir=cache_dir, hub_kwargs=kwargs("--source"))
+    tgt_tok = load_tokenizer(target, cache_dir=cache_dir, hub_kwargs=kwargs("--target"))
     rng = random.Random(seed)
     traces, failing, native = [], [], 0
     for text in texts:
@@ -123,12 +131,16 @@ def run(source: str, target: str, texts: Sequence[str], cache_dir: str | None = 
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``mrl thl``; returns the exit status (0 ok, 1 round-trip failure, 2 error)."""
+def main(argv: list[str] | None = None, hub_kwargs=None) -> int:
+    """Entry point of ``mrl thl``; returns the exit status (0 ok, 1 round-trip failure, 2 error).
+
+    ``hub_kwargs``: as :func:`run`'s.
+    """
     args = build_parser().parse_args(argv)
     try:
         texts = _read_texts(args.text_file) if args.text_file else list(SAMPLE_TEXTS)
-        report = run(args.source, args.target, texts, cache_dir=args.cache_dir, seed=args.seed)
+        report = run(args.source, args.target, texts, cache_dir=args.cache_dir, seed=args.seed,
+                     hub_kwargs=hub_kwargs)
     except (OSError, ValueError, TypeError) as err:
         print(f"mrl thl: error: {err}", file=sys.stderr)
         return 2

@@ -222,7 +222,8 @@ def cache_key(name: str) -> dict:
             **{lib: _version(lib) for lib in _KEY_LIBRARIES}}
 
 
-def load_tokenizer(spec: str, cache_dir: str | os.PathLike | None = None, fix_leading_space_loss: bool = True) -> Any:
+def load_tokenizer(spec: str, cache_dir: str | os.PathLike | None = None, fix_leading_space_loss: bool = True,
+                   hub_kwargs=None) -> Any:
     """Load a Hugging Face fast tokenizer by name, folder or hub id (docs/thl.md).
 
     Args:
@@ -231,6 +232,8 @@ def load_tokenizer(spec: str, cache_dir: str | os.PathLike | None = None, fix_le
             :func:`default_cache_dir`).
         fix_leading_space_loss: Apply :func:`fix_leading_space` when
             :func:`leading_space_failures` finds a lost leading space.
+        hub_kwargs: ``spec -> from_pretrained kwargs`` for a folder or hub id, e.g. the hub's fast
+            offline check (it raises at once for an id it cannot reach); None = none.
 
     Returns:
         A ``transformers`` fast tokenizer.
@@ -255,8 +258,9 @@ def load_tokenizer(spec: str, cache_dir: str | os.PathLike | None = None, fix_le
         path = str(folder)
     else:
         path = spec
+    extra = hub_kwargs(spec) if hub_kwargs is not None and spec not in MISTRAL_FILES else {}
     try:
-        tok = AutoTokenizer.from_pretrained(path, use_fast=True)
+        tok = AutoTokenizer.from_pretrained(path, use_fast=True, **extra)
     except (OSError, ValueError) as err:
         raise ValueError(
             f"tokenizer spec: could not load {spec!r} ({type(err).__name__}: {err}). Valid: one of "

@@ -162,3 +162,13 @@ def test_probe_reading_records_the_exchange_does_not_keep_is_a_config_error():
     assert any("CrossPolicyAdvantage reads 'group_stats' records" in e and "add 'group_stats'" in e for e in errors)
     ok = SharedExperienceExchange(record_types=["rollout", "group_stats"], max_staleness_by_type={"rollout": 3})
     assert ok.config_errors(SimpleNamespace(callbacks=[ok, prp, xgrpo]), None) == []
+
+
+def test_thl_hub_id_without_network_fails_at_once_with_the_offline_hint(no_network, capsys):
+    start = time.monotonic()
+    assert main(["thl", "--source", "some-org/some-tokenizer", "--target", "mistral-v1"]) == 2
+    assert time.monotonic() - start < 2.0  # it retried for 50 s before
+    err = capsys.readouterr().err
+    assert err.startswith("mrl thl: error: tokenizer spec: --source='some-org/some-tokenizer' is a hub id, and ")
+    assert "cannot be reached (OSError: [Errno 101] Network is unreachable)" in err
+    assert "hf download some-org/some-tokenizer" in err and "HF_HUB_OFFLINE=1" in err

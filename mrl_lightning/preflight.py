@@ -1,0 +1,290 @@
+"""Config time: what a run checks before it builds or warm-starts any model (docs/reliability.md).
+
+:func:`check_before_build` runs first in :meth:`MRLTrainer.fit <mrl_lightning.trainer.MRLTrainer.fit>`,
+on every rank, before the workers are launched. Each problem is a
+:class:`~mrl_lightning.errors.ConfigError` (or a
+:class:`~mrl_lightning.checkpoint.CheckpointError`) naming the field, the value and the fix,
+so ``mrl fit`` stops with status 2 within seconds instead of minutes into a warm-start or
+after every rank has built its models:
+
+1. the placement of policies on ranks (:func:`~mrl_lightning.mwra.build_placement`);
+2. each callback's own checks and the services callbacks need from each other;
+3. each recipe's checks against the data (``warm_start_part`` among the data parts, a cache
+   it can write when its model is not built yet: :meth:`ModelRecipe.config_errors
+   <mrl_lightning.model_source.ModelRecipe.config_errors>`) and each policy's model config
+   counted on the meta device (LoRA target modules);
+4. ``--ckpt_path``: readable, of this code's format, and of this config: policy names,
+   data parts, each policy's family, kind (full / LoRA) and parameter shapes
+   (:func:`~mrl_lightning.checkpoint.check_compatible`);
+5. the MWRA resource plan (devices, workers against cores, threads, memory:
+   :func:`~mrl_lightning.mwra.plan.plan_resources`);
+6. on rank 0, the run folder: not already holding a run, and writable.
+
+Earlier still, when the trainer is made: its own values (:func:`trainer_errors`, which
+``mrl fit`` also runs before it builds any class of the config, so a bad ``--trainer.*``
+value is reported without importing the data's libraries) and its Fabric
+(:func:`make_fabric`: an accelerator this machine does not have, a precision Lightning
+would silently run as another).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from lightning.fabric import Fabric
+
+from mrl_lightning.builders import plan_shapes
+from mrl_lightning.callbacks.base import service_errors
+from mrl_lightning.checkpoint import check_compatible, load_checkpoint
+from mrl_lightning.errors import ConfigError
+from mrl_lightning.model_source import ModelRecipe
+from mrl_lightning.mwra import PLACEMENTS, Placement, build_placement
+from mrl_lightning.mwra.plan import plan_resources
+from mrl_lightning.mwra.sharding import sharding_errors
+from mrl_lightning.mwra.strategy import PolicyGroupsStrategy
+from mrl_lightning.run_checkpoint import check_run_folder
+
+
+STRATEGIES = ("auto", "ddp")
+UNIFIED_PRECISION = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}
+
+
+def trainer_errors(*, max_steps: int = 1000, log_every_n_steps: int = 10, eval_every_n_steps: int = 100,
+                   keep_checkpoints: int = 2, devices: int = 1, num_nodes: int = 1, eval_num_generations: int = 8,
+                   checkpoint_every_n_steps: int = 500, num_threads: int | None = None, strategy: str = "auto",
+                   placement: str = "auto", collective_timeout_s: float = 1800.0, accelerator: str = "auto",
+                   **_: Any) -> list[str]:
+    """Problems of :class:`~mrl_lightning.trainer.MRLTrainer`'s own values (its defaults here too), all at once.
+
+    Needs nothing built: ``mrl fit`` runs it on the parsed ``trainer`` section before it
+    instantiates any class of the config (:meth:`MRLCLI.instantiate_classes
+    <mrl_lightning.fit_cli.MRLCLI.instantiate_classes>`). Other keywords are ignored.
+    """
+    errors = []
+    for key, value in (("max_steps", max_steps), ("log_every_n_steps", log_every_n_steps),
+                       ("eval_every_n_steps", eval_every_n_steps), ("keep_checkpoints", keep_checkpoints),
+                       ("devices", devices), ("num_nodes", num_nodes)):
+        if not isinstance(value, int) or value < 1:
+            errors.append(f"trainer.{key}={value!r} must be an integer >= 1.")
+    if eval_num_generations < 0:
+        errors.append(f"trainer.eval_num_generations={eval_num_generations} must be >= 0 (0 = greedy only).")
+    if checkpoint_every_n_steps < 0:
+        errors.append(f"trainer.checkpoint_every_n_steps={checkpoint_every_n_steps} must be >= 0.")
+    if num_threads is not None and num_threads < 1:
+        errors.append(f"trainer.num_threads={num_threads} must be >= 1 or null.")
+    if strategy not in STRATEGIES:
+        errors.append(f"trainer.strategy={strategy!r} is not supported: each policy's data parallelism runs over "
+                      f"its own group of ranks (docs/mwra.md); valid: {list(STRATEGIES)}.")
+    if placement not in PLACEMENTS:
+        errors.append(f"trainer.placement={placement!r}; valid: {list(PLACEMENTS)}.")
+    if not collective_timeout_s > 0:
+        errors.append(f"trainer.collective_timeout_s={collective_timeout_s} must be > 0 seconds.")
+    errors.extend(accelerator_errors(accelerator))
+    return errors
+
+
+def quick_trainer_errors(argv: list[str], keys: set[str]) -> list[str]:
+    """:func:`trainer_errors` of the ``trainer`` values read straight from ``mrl fit``'s arguments.
+
+    Before LightningCLI parses a config (about 1.5 s on this machine's default config, several
+    times the cost of ``--help``), the ``trainer`` sections of the ``--config`` files and the
+    ``--trainer.<key> <value>`` overrides are merged in their order (later wins, as in
+    jsonargparse), each value read as YAML as jsonargparse reads it; the known scalar keys
+    go to :func:`trainer_errors`. Anything this reading is not sure of (a ``--trainer``
+    given whole, a config that is no readable YAML mapping, ``--print_config``, ``--help``,
+    a value of another type) is left to the full parse, which reports it: this finds a
+    subset of its errors sooner, never one it would not find.
+
+    Args:
+        argv: The arguments after ``mrl`` (``fit`` first, or not).
+        keys: The trainer's argument names (``MRLTrainer.__init__``'s).
+
+    Returns:
+        The problems, as :func:`trainer_errors` words them; [] when none was found or the
+        arguments are beyond this reading.
+    """
+    import yaml
+
+    args = argv[1:] if argv[:1] == ["fit"] else list(argv)
+    values: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name, eq, inline = arg.partition("=")
+        if name in ("-h", "--help", "--trainer") or name.startswith("--print_config"):
+            return []
+        has_value = bool(eq) or (i + 1 < len(args) and not args[i + 1].startswith("--"))
+        value = inline if eq else (args[i + 1] if has_value else None)
+        i += 1 if eq or not has_value else 2
+        try:
+            if name in ("-c", "--config") and value is not None:
+                with open(value, encoding="utf-8") as fh:
+                    loaded = yaml.safe_load(fh)
+                section = loaded.get("trainer") if isinstance(loaded, dict) else None
+                if section is not None and not isinstance(section, dict):
+                    return []
+                values.update(section or {})
+            elif name.startswith("--trainer.") and value is not None:
+                values[name[len("--trainer."):]] = yaml.safe_load(value)
+        except (OSError, yaml.YAMLError):
+            return []
+    known = {k: v for k, v in values.items() if k in keys and (v is None or isinstance(v, (bool, int, float, str)))}
+    try:
+        return trainer_errors(**known)
+    except TypeError:  # a value of another type: the full parse names it
+        return []
+
+
+def accelerator_errors(accelerator: str) -> list[str]:
+    """``trainer.accelerator`` naming a device this machine does not have (Lightning's own error names no field)."""
+    import torch
+
+    name = str(accelerator).lower()
+    cuda = torch.cuda.is_available()
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    missing = None
+    if name in ("cuda", "gpu") and not cuda and not (name == "gpu" and mps):
+        built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU build"
+        missing = f"no CUDA GPU is visible here (torch {torch.__version__}, {built})"
+    elif name == "mps" and not mps:
+        missing = "no Apple MPS device is available here"
+    if missing is None:
+        return []
+    return [f"trainer.accelerator={accelerator!r} but {missing}. Use --trainer.accelerator cpu, or auto (a GPU when "
+            "there is one, else the CPU)."]
+
+
+def make_fabric(strategy: str, collective_timeout_s: float, **kwargs: Any) -> Fabric:
+    """The trainer's Fabric: one process, or :class:`~mrl_lightning.mwra.strategy.PolicyGroupsStrategy`.
+
+    Args:
+        strategy: ``trainer.strategy`` ("auto" or "ddp").
+        collective_timeout_s: ``trainer.collective_timeout_s``.
+        **kwargs: ``accelerator``, ``devices``, ``num_nodes``, ``precision``, ``callbacks``, ``loggers``.
+
+    Raises:
+        ConfigError: Lightning refuses the settings (its message, with the fields), or would run another
+            precision than ``trainer.precision`` on this accelerator (e.g. ``16-mixed`` on a CPU, which
+            Lightning turns into ``bf16-mixed`` with a warning only).
+    """
+    fields = ", ".join(f"trainer.{k}={kwargs.get(k)!r}" for k in ("accelerator", "devices", "num_nodes", "precision"))
+    from lightning_utilities.core import rank_zero
+
+    info = rank_zero.log  # where Lightning's rank_zero_info lines go ("Using bfloat16 ..."; set by lightning.pytorch)
+    held: list[logging.LogRecord] = []
+    hold = _Hold(held)
+    info.addFilter(hold)
+    try:
+        with warnings.catch_warnings(record=True) as said:  # replayed below unless refused (a switched precision)
+            warnings.simplefilter("always")
+            fabric = Fabric(strategy="auto" if strategy == "auto" else "ddp", **kwargs)
+            if fabric.world_size > 1 or strategy == "ddp":
+                fabric = Fabric(strategy=PolicyGroupsStrategy(timeout_s=collective_timeout_s), **kwargs)
+    except Exception as exc:  # noqa: BLE001 - Lightning refuses settings with RuntimeError, ValueError, its own types
+        raise ConfigError(f"Lightning refuses {fields} on this machine: {type(exc).__name__}: "
+                          f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}. Fix the field it names "
+                          "(`mrl fit --help` lists the valid values).") from exc
+    finally:
+        info.removeFilter(hold)
+    asked = str(kwargs.get("precision", "32-true"))
+    asked = UNIFIED_PRECISION.get(asked, asked)
+    runs = getattr(fabric.strategy.precision, "precision", asked)
+    if runs != asked:
+        device = fabric.device.type
+        raise ConfigError(f"trainer.precision={asked!r} is not supported on the {device}: Lightning would run "
+                          f"{runs!r} instead. Set --trainer.precision {runs} to run that, or 32-true (full "
+                          f"precision){'; 16-mixed needs a CUDA GPU' if asked == '16-mixed' else ''}.")
+    for warning in said:
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    for message in dict.fromkeys(record.getMessage() for record in held):  # once each, though two Fabrics said it
+        info.info(message)
+    return fabric
+
+
+class _Hold(logging.Filter):
+    """Keeps the records of a logger back (in ``held``), to be replayed only if the settings are accepted."""
+
+    def __init__(self, held: list[logging.LogRecord]) -> None:
+        super().__init__()
+        self.held = held
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.held.append(record)
+        return False
+
+
+@dataclass
+class Checked:
+    """What the checks found, for the run to use.
+
+    Attributes:
+        placement: Ranks per policy.
+        checkpoint: The loaded ``--ckpt_path`` (None: a new run).
+        plan_text: The resource plan, as printed.
+        threads: CPU threads per worker.
+    """
+
+    placement: Placement
+    checkpoint: dict[str, Any] | None
+    plan_text: str
+    threads: int
+
+
+def _raise(title: str, errors: list[str]) -> None:
+    if errors:
+        raise ConfigError(f"{title}:\n  - " + "\n  - ".join(errors))
+
+
+def check_before_build(trainer, model, datamodule, ckpt_path: str | None) -> Checked:
+    """Every check of the module docstring, in its order.
+
+    Args:
+        trainer: The :class:`~mrl_lightning.trainer.MRLTrainer` (its settings and Fabric).
+        model: The :class:`~mrl_lightning.system.MutualRL` system (not built).
+        datamodule: The prompt data module (parts known; not set up).
+        ckpt_path: ``--ckpt_path`` or None.
+
+    Raises:
+        ConfigError: a problem of the placement, callbacks, policies, plan or run folder.
+        CheckpointError: ``ckpt_path`` is missing, unreadable, newer, or of another config.
+    """
+    policies = dict(model.policies)
+    fabric = trainer.fabric
+    placement = build_placement(trainer.placement_mode, trainer.policy_ranks, list(policies), fabric.world_size)
+    trainer.ctx.placement = placement
+    _raise("Invalid callbacks config", service_errors(trainer.callbacks)
+           + [e for cb in trainer.callbacks for e in cb.config_errors(trainer.ctx, model)])
+    errors = [e for p in policies.values() if isinstance(p.model_source, ModelRecipe)
+              for e in p.model_source.config_errors(p, datamodule)]
+    shapes, shape_errors = plan_shapes(policies, datamodule)  # configs only (LoRA on the meta device)
+    shape_errors += sharding_errors(placement, policies, datamodule.batch_size)
+    _raise("Invalid policy config", errors + shape_errors)
+    checkpoint = load_checkpoint(ckpt_path) if ckpt_path else None
+    if checkpoint is not None:
+        check_compatible(checkpoint, list(policies), trainer.max_steps,
+                         data_parts=[part.name for part in datamodule.parts],
+                         models=_expected_models(policies, shapes, datamodule),
+                         path=ckpt_path)
+    plan_text, threads = plan_resources(placement, shapes, policies, datamodule.batch_size, fabric.device.type,
+                                        type(fabric.strategy).__name__, trainer.precision, trainer.devices_per_node,
+                                        trainer.num_threads)
+    if fabric.global_rank == 0:
+        check_run_folder(trainer.log_dir, trainer.default_root_dir)
+    return Checked(placement, checkpoint, plan_text, threads)
+
+
+def _expected_models(policies: dict, shapes: dict, datamodule) -> dict[str, dict[str, Any]]:
+    """What each policy's checkpoint entry must look like (:func:`~mrl_lightning.checkpoint.check_compatible`)."""
+    out = {}
+    for name, policy in policies.items():
+        shape = shapes.get(name)
+        if shape is None or shape.state_shapes is None:
+            continue  # config unreadable (e.g. an offline hub id): checked when the weights load
+        source = policy.model_source
+        unbuilt = isinstance(source, ModelRecipe) and source.built_folder(policy, datamodule) is None
+        out[name] = {"family": shape.family, "adapter": bool(policy.use_peft), "shapes": shape.state_shapes,
+                     "open_size": shape.vocab if unbuilt else None}
+    return out

@@ -1,0 +1,292 @@
+"""What ``mrl fit`` checks before it builds anything (docs/reliability.md, "Checked before the build").
+
+Each case used to be found after the models were built (or warm-started), as a traceback
+from every rank: a ``warm_start_part`` that is no data part, a run folder or model cache
+that cannot be written, an accelerator the machine does not have, a precision Lightning
+silently replaces, more CPU workers than cores, a checkpoint of another config. Now each is
+one message naming the field and the fix, exit status 2, with no model built.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mrl_lightning.checkpoint import CheckpointError, check_compatible, load_checkpoint
+from mrl_lightning.cli import main
+from mrl_lightning.preflight import accelerator_errors, trainer_errors
+
+from e2e_configs import forbid_model_build  # tests/e2e, on sys.path through this folder's conftest
+
+REPO = Path(__file__).resolve().parents[2]
+ON_GPU = torch.cuda.is_available()
+
+
+@pytest.fixture
+def no_model_build(monkeypatch):
+    forbid_model_build(monkeypatch)
+
+
+def _recipes(cfg) -> list[dict]:
+    return [p["init_args"]["model"]["init_args"] for p in cfg["model"]["policies"]]
+
+
+def _refused(capsys, *argv) -> str:
+    start = time.monotonic()
+    assert main(["fit", *argv]) == 2
+    assert time.monotonic() - start < 60  # in-process: no model built, no warm-start
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+    return captured.err
+
+
+def test_warm_start_part_naming_no_data_part_is_refused_before_any_build(write_tiny_config, no_model_build, capsys):
+    config = write_tiny_config(modify=lambda c: _recipes(c)[1].update(warm_start_part="addition"))
+    err = _refused(capsys, "--config", str(config))
+    assert ("policy 'llama': TinyCausalLM.warm_start_part='addition' is not a part of the data; the data parts "
+            "(data.parts names) are ['add', 'sub']. Set warm_start_part to one of them, e.g. 'add'.") in err
+
+
+def test_run_folder_that_cannot_be_written_is_refused_before_any_build(write_tiny_config, no_model_build, capsys,
+                                                                        tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")  # a path through a file cannot be created, whoever runs the test
+    root = blocker / "runs"
+    err = _refused(capsys, "--config", str(write_tiny_config()), "--trainer.default_root_dir", str(root))
+    assert f"trainer.default_root_dir={str(root)!r} cannot be written ({str(blocker)!r} is a file, not a folder)" in err
+    assert "--trainer.default_root_dir <folder>" in err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
+def test_read_only_run_folder_is_refused_before_any_build(write_tiny_config, no_model_build, capsys, tmp_path):
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        err = _refused(capsys, "--config", str(write_tiny_config()), "--trainer.default_root_dir",
+                       str(folder / "runs"))
+    finally:
+        folder.chmod(0o755)
+    assert "cannot be written (permission denied at" in err
+
+
+def test_model_cache_that_cannot_be_written_is_refused_when_the_model_is_not_built(
+        write_tiny_config, no_model_build, capsys, tmp_path, monkeypatch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+
+    def env_cache(cfg):  # the recipes use MRL_CACHE_DIR (no cache_dir of their own)
+        for recipe in _recipes(cfg):
+            recipe.pop("cache_dir")
+
+    monkeypatch.setenv("MRL_CACHE_DIR", str(blocker / "cache"))
+    err = _refused(capsys, "--config", str(write_tiny_config(modify=env_cache)))
+    for name in ("gpt2", "llama"):
+        assert (f"policy {name!r}: MRL_CACHE_DIR={str(blocker / 'cache')!r} cannot be written ({str(blocker)!r} is a "
+                "file, not a folder), and this recipe's model is not built yet") in err
+    assert "Set MRL_CACHE_DIR (or TinyCausalLM.cache_dir) to a folder you can write." in err
+
+
+def test_a_model_already_in_a_read_only_cache_is_not_refused(tmp_path, monkeypatch):
+    from mrl_lightning.data import ReasoningGymDataModule
+    from mrl_lightning.policy import PolicyModule
+    from mrl_lightning.recipes import TinyCausalLM
+
+    recipe = TinyCausalLM(tokenizer_kind="char_level", hidden_size=16, num_layers=1, num_heads=2,
+                          cache_dir=str(tmp_path))
+    policy = PolicyModule(name="p", model=recipe)
+    data = ReasoningGymDataModule([{"name": "add", "dataset": "basic_arithmetic"}], batch_size=1, train_size=20,
+                                  eval_size=2)
+    monkeypatch.setattr("mrl_lightning.recipes.tiny.write_problem", lambda path: "read-only file system at '/x'")
+    assert any("cannot be written (read-only file system at '/x')" in e for e in recipe.config_errors(policy, data))
+    recipe.materialize(policy, data, log=lambda line: None)  # now it is built: reading it needs no write
+    assert recipe.config_errors(policy, data) == []
+
+
+def test_an_accelerator_this_machine_lacks_is_named_with_the_fix(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    (error,) = trainer_errors(accelerator="gpu")
+    assert error.startswith("trainer.accelerator='gpu' but no CUDA GPU is visible here (torch ")
+    assert error.endswith("Use --trainer.accelerator cpu, or auto (a GPU when there is one, else the CPU).")
+    assert accelerator_errors("cpu") == accelerator_errors("auto") == []
+
+
+@pytest.mark.skipif(ON_GPU, reason="needs a machine without a GPU")
+def test_gpu_accelerator_on_a_cpu_machine_is_refused_before_any_class_is_built(write_tiny_config, no_model_build,
+                                                                                capsys):
+    err = _refused(capsys, "--config", str(write_tiny_config()), "--trainer.accelerator", "gpu")
+    assert "trainer.accelerator='gpu' but no CUDA GPU is visible here" in err
+
+
+@pytest.mark.skipif(ON_GPU, reason="needs a machine without a GPU")
+def test_fp16_mixed_precision_on_a_cpu_is_refused_naming_what_would_run(write_tiny_config, no_model_build, capsys):
+    err = _refused(capsys, "--config", str(write_tiny_config()), "--trainer.precision", "16-mixed")
+    assert ("trainer.precision='16-mixed' is not supported on the cpu: Lightning would run 'bf16-mixed' instead. Set "
+            "--trainer.precision bf16-mixed to run that, or 32-true") in err
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU's precision switch")
+def test_lightnings_precision_line_is_held_back_when_refused_and_said_once_when_accepted():
+    import logging
+
+    from lightning_utilities.core import rank_zero
+
+    from mrl_lightning.errors import ConfigError
+    from mrl_lightning.preflight import make_fabric
+
+    said = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    rank_zero.log.addHandler(handler)
+    level = rank_zero.log.level
+    rank_zero.log.setLevel(logging.INFO)
+    try:
+        with pytest.raises(ConfigError, match="Lightning would run 'bf16-mixed' instead"):
+            make_fabric("auto", 60.0, accelerator="cpu", devices=1, precision="16-mixed")
+        assert said == []  # the error is the only line
+        make_fabric("auto", 60.0, accelerator="cpu", devices=1, precision="bf16-mixed")
+        assert said == ["Using bfloat16 Automatic Mixed Precision (AMP)"]
+    finally:
+        rank_zero.log.removeHandler(handler)
+        rank_zero.log.setLevel(level)
+
+
+def test_more_cpu_workers_than_cores_are_refused_with_the_fix(write_tiny_config, no_model_build, capsys, monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    config = write_tiny_config(modify=lambda c: c["trainer"].update(num_threads=None, devices=8))
+    err = _refused(capsys, "--config", str(config), "--trainer.strategy", "ddp", "--data.init_args.batch_size", "8")
+    assert ("trainer.devices=8 CPU worker processes per node but 2 CPU core(s): workers would take turns on the cores "
+            "and the run would be several times slower than with 2. Set --trainer.devices 2 (or fewer).") in err
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    """A 1-step run of the tiny config; its last.ckpt."""
+    import yaml
+
+    from e2e_configs import tiny_config
+
+    folder = tmp_path_factory.mktemp("ckpt_of_a_config")
+    cfg = tiny_config(folder / "cache", folder / "runs")
+    cfg["trainer"].update(max_steps=1, version="a")
+    (folder / "a.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["fit", "--config", str(folder / "a.yaml")]) == 0
+    return folder / "runs" / "a" / "checkpoints" / "last.ckpt"
+
+
+def test_checkpoint_of_a_config_with_other_shapes_is_refused_before_any_build(
+        tiny_checkpoint, write_tiny_config, no_model_build, capsys):
+    def wider(cfg):
+        for recipe in _recipes(cfg):
+            recipe["hidden_size"] = 64
+        cfg["trainer"]["max_steps"] = 3
+
+    err = _refused(capsys, "--config", str(write_tiny_config(modify=wider)), "--ckpt_path", str(tiny_checkpoint))
+    assert f"ckpt_path={str(tiny_checkpoint)!r} does not fit this config:" in err
+    for name in ("gpt2", "llama"):
+        assert f"policy {name!r}: " in err and "parameter(s) differ in shape, e.g. " in err
+    assert "in the checkpoint and [" in err and "in this config" in err
+    assert f"({tiny_checkpoint.parent.parent / 'config.yaml'})" in err
+
+
+def test_checkpoint_of_a_config_with_other_families_or_data_parts_is_refused(tiny_checkpoint, write_tiny_config,
+                                                                             no_model_build, capsys):
+    def swapped(cfg):
+        a, b = _recipes(cfg)
+        a["family"], b["family"] = "llama", "gpt2"
+        cfg["data"]["init_args"]["parts"][1]["name"] = "minus"
+        cfg["model"]["policies"][1]["init_args"]["strong_parts"] = ["minus"]
+        cfg["trainer"]["max_steps"] = 3
+
+    err = _refused(capsys, "--config", str(write_tiny_config(modify=swapped)), "--ckpt_path", str(tiny_checkpoint))
+    assert "data.parts: the checkpoint's parts are ['add', 'sub'], this config's ['add', 'minus']" in err
+    assert "policy 'gpt2': the checkpoint holds a gpt2 model, this config builds a llama model" in err
+    assert "policy 'llama': the checkpoint holds a llama model, this config builds a gpt2 model" in err
+
+
+def test_an_older_checkpoint_without_a_fingerprint_is_compared_by_its_weights(tiny_checkpoint):
+    state = load_checkpoint(tiny_checkpoint)
+    assert set(state["fingerprint"]["policies"]) == {"gpt2", "llama"}
+    del state["fingerprint"]  # as written before the fingerprint existed
+    shapes = {k: tuple(v.shape) for k, v in state["policies"]["gpt2"]["model"].items()}
+    check_compatible(state, ["gpt2", "llama"], 5, data_parts=["add", "sub"],
+                     models={"gpt2": {"adapter": False, "shapes": shapes}})
+    wider = {k: tuple(2 * d for d in s) for k, s in shapes.items()}
+    with pytest.raises(CheckpointError, match="policy 'gpt2': .* parameter.s. differ in shape"):
+        check_compatible(state, ["gpt2", "llama"], 5, models={"gpt2": {"adapter": False, "shapes": wider}})
+    with pytest.raises(CheckpointError, match="the checkpoint holds every weight, this config trains a LoRA adapter"):
+        check_compatible(state, ["gpt2", "llama"], 5, models={"gpt2": {"adapter": True, "shapes": shapes}})
+
+
+def test_a_recipes_vocabulary_is_open_until_its_tokenizer_is_trained():
+    from mrl_lightning.checkpoint import shape_differences
+
+    saved = {"wte.weight": [272, 32], "h.0.w": [32, 96]}
+    assert shape_differences(saved, {"wte.weight": (320, 32), "h.0.w": (32, 96)}, open_size=320) == []
+    (line,) = shape_differences(saved, {"wte.weight": (320, 64), "h.0.w": (64, 192)}, open_size=320)
+    assert line == "2 parameter(s) differ in shape, e.g. h.0.w is [32, 96] in the checkpoint and [64, 192] in this config"
+
+
+def _imported(*argv: str) -> tuple[int, str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "tests" / "e2e"), str(REPO)]), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "mrl_lightning.cli", *argv], env=env,
+                          capture_output=True, text=True, timeout=300)
+    modules = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    return proc.returncode, " ".join(sorted(modules))
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--trainer.max_steps", "0"], ["--trainer.max_step", "3"],
+                                  ["--model.policies.init_args.learning_rate", "-1"]],
+                         ids=["help", "trainer-value", "unknown-key", "policy-value"])
+def test_help_and_config_errors_import_no_data_library_and_build_no_model(write_tiny_config, argv):
+    config = [] if argv == ["--help"] else ["--config", str(write_tiny_config())]
+    code, modules = _imported("fit", *config, *argv)
+    assert code == (0 if argv == ["--help"] else 2)
+    for heavy in ("reasoning_gym", "transformers.models.gpt2.modeling_gpt2", "transformers.models.llama.modeling_llama",
+                  "peft", "math_verify"):
+        assert f" {heavy} " not in f" {modules} ", f"{heavy} was imported before the answer"
+
+
+TRAINER_KEYS = {"max_steps", "eval_every_n_steps", "devices", "accelerator", "version"}
+
+
+def test_trainer_values_are_read_from_configs_and_overrides_in_their_order(tmp_path):
+    from mrl_lightning.preflight import quick_trainer_errors
+
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("trainer:\n  max_steps: 0\n  devices: 1\n")
+    b.write_text("trainer:\n  max_steps: 4\n")
+    assert quick_trainer_errors(["fit", "--config", str(a)], TRAINER_KEYS) == [
+        "trainer.max_steps=0 must be an integer >= 1."]
+    assert quick_trainer_errors(["fit", "--config", str(a), "--config", str(b)], TRAINER_KEYS) == []  # later wins
+    assert quick_trainer_errors(["fit", "-c", str(a), "--trainer.max_steps=3"], TRAINER_KEYS) == []
+    assert quick_trainer_errors(["fit", "--config", str(b), "--trainer.max_steps", "abc",
+                                 "--trainer.eval_every_n_steps", "-2"], TRAINER_KEYS) == [
+        "trainer.max_steps='abc' must be an integer >= 1.", "trainer.eval_every_n_steps=-2 must be an integer >= 1."]
+    assert quick_trainer_errors(["fit", "--config", str(b), "--trainer.max_step", "0"], TRAINER_KEYS) == []  # unknown
+
+
+@pytest.mark.parametrize("argv", [["--print_config"], ["--help"], ["--trainer", "{max_steps: 0}"],
+                                  ["--config", "/no/such/file.yaml"]],
+                         ids=["print_config", "help", "whole-section", "unreadable-config"])
+def test_what_the_quick_reading_is_not_sure_of_is_left_to_the_full_parse(tmp_path, argv):
+    from mrl_lightning.preflight import quick_trainer_errors
+
+    assert quick_trainer_errors(["fit", "--trainer.max_steps", "0", *argv], TRAINER_KEYS) == []
+
+
+def test_a_bad_trainer_value_is_refused_before_the_config_is_parsed(write_tiny_config, monkeypatch, capsys):
+    from mrl_lightning.config_keys import MRLArgumentParser
+
+    def no_parse(self, *args, **kwargs):
+        raise AssertionError("the whole config was parsed before the trainer value was checked")
+
+    monkeypatch.setattr(MRLArgumentParser, "parse_args", no_parse)
+    err = _refused(capsys, "--config", str(write_tiny_config()), "--trainer.max_steps", "0")
+    assert err == "mrl: configuration error:\nInvalid trainer config:\n  - trainer.max_steps=0 must be an integer >= 1.\n"
