@@ -204,6 +204,9 @@ def test_any_other_error_is_one_line_with_the_traceback_in_a_file(tmp_path):
 
 def test_the_watch_interrupts_the_main_thread_when_a_worker_fails(monkeypatch):
     monkeypatch.setattr("mrl_lightning.mwra.launcher.GRACE_S", 120.0)  # never ends pytest, whatever happens
+    # Python's own SIGINT handler, as in a terminal: a test run in a background job (nohup, &) inherits SIGINT
+    # ignored, the case of the next test
+    sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
     proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(2)"])
     watch = WorkerWatch([proc])
     try:
@@ -212,6 +215,7 @@ def test_the_watch_interrupts_the_main_thread_when_a_worker_fails(monkeypatch):
             time.sleep(30)
     finally:
         watch.stopping = True  # as stop_run sets it: the watch would otherwise end this process
+        signal.signal(signal.SIGINT, sigint)
     assert watch.failed == (1, 2)
 
 
