@@ -48,8 +48,11 @@ class Run:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(E2E), str(REPO)]), OMP_NUM_THREADS="1")
         self.out, self.err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
         command = [sys.executable, *(script or ["-m", "mrl_lightning.cli"]), *args]
+        # SIGINT as a terminal gives it: a test run started in the background (nohup, &) passes SIGINT on
+        # ignored, and Python then installs no KeyboardInterrupt handler, so a Ctrl-C test could not fail or pass
         self.proc = subprocess.Popen(command, stdout=self.out, stderr=self.err, env=env, text=True,
-                                     start_new_session=True)
+                                     start_new_session=True,
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.left: list[int] = []
 
     def finish(self, timeout: float = 300) -> Run:
