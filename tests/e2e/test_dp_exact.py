@@ -42,6 +42,22 @@ def _scalars(run_dir) -> dict[tuple[str, int], float]:
             for e in events.Scalars(tag)}
 
 
+def same_completions_and_weights(one: dict, two: dict, what: str) -> None:
+    """Two runs' checkpoints hold the same completions (SEE's records, in order) and weights within 1e-4."""
+    records = [one["callbacks"]["SharedExperienceExchange"]["exchange"]["records"],
+               two["callbacks"]["SharedExperienceExchange"]["exchange"]["records"]]
+    texts = [[(rec.get("completion_text"), rec.get("reward")) for _, rec in rs] for rs in records]  # [seq, record]
+    assert any(text for text, _ in texts[0]), "no completion in the exchange to compare"
+    assert texts[0] == texts[1], f"{what}: the completions (or their order in SEE) differ"
+    # AdamW moves a weight by up to lr = 1e-2 a step whatever the gradient's size, so the
+    # float rounding of two ranks' forward passes can show up to a small fraction of one step
+    # (1.6e-5 measured after 4 steps); 1e-4 is 1% of one step and far below any real change.
+    for name in one["policies"]:
+        for key, value in one["policies"][name]["model"].items():
+            torch.testing.assert_close(two["policies"][name]["model"][key], value, rtol=0, atol=1e-4,
+                                       msg=lambda m, name=name, key=key: f"{what}: {name}.{key}: {m}")
+
+
 @pytest.mark.parametrize("probe", sorted(PROBES))
 def test_a_two_rank_group_logs_and_steps_as_one_rank(tmp_path, probe):
     from e2e_configs import tiny_config
@@ -56,18 +72,7 @@ def test_a_two_rank_group_logs_and_steps_as_one_rank(tmp_path, probe):
 
     one, two = _ckpt(config, "one"), _ckpt(config, "two")
     assert two["placement"]["groups"] == {"gpt2": [0, 1], "llama": [0, 1]}
-    records = [one["callbacks"]["SharedExperienceExchange"]["exchange"]["records"],
-               two["callbacks"]["SharedExperienceExchange"]["exchange"]["records"]]
-    texts = [[(rec.get("completion_text"), rec.get("reward")) for _, rec in rs] for rs in records]  # [seq, record]
-    assert any(text for text, _ in texts[0]), "no completion in the exchange to compare"
-    assert texts[0] == texts[1], "the completions (or their order in SEE) depend on the placement"
-    # AdamW moves a weight by up to lr = 1e-2 a step whatever the gradient's size, so the
-    # float rounding of two ranks' forward passes can show up to a small fraction of one step
-    # (1.6e-5 measured after 4 steps); 1e-4 is 1% of one step and far below any real change.
-    for name in one["policies"]:
-        for key, value in one["policies"][name]["model"].items():
-            torch.testing.assert_close(two["policies"][name]["model"][key], value, rtol=0, atol=1e-4,
-                                       msg=lambda m, name=name, key=key: f"{probe}: {name}.{key}: {m}")
+    same_completions_and_weights(one, two, probe)
     a, b = _scalars(config.parent / "runs" / "one"), _scalars(config.parent / "runs" / "two")
     assert set(a) == set(b), sorted(set(a) ^ set(b))[:10]
     if probe == "sgt":

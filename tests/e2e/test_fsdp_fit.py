@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 import yaml
-from test_dp_exact import PROBES, _scalars
+from test_dp_exact import PROBES, _scalars, same_completions_and_weights
 from test_mwra_fit import _ckpt, _mrl, _ok
 
 pytestmark = pytest.mark.slow
@@ -39,15 +39,7 @@ def test_a_sharded_policy_trains_as_the_unsharded_one_and_resumes_exactly(tmp_pa
     _ok(_mrl(sharded, "--trainer.version", "fsdp", *SHARDED, timeout=400))
     one, two = _ckpt(plain, "one"), _ckpt(sharded, "fsdp")
     assert two["placement"]["groups"] == {"gpt2": [0, 1], "llama": [0, 1]}
-    records = [c["callbacks"]["SharedExperienceExchange"]["exchange"]["records"] for c in (one, two)]
-    texts = [[(rec.get("completion_text"), rec.get("reward")) for _, rec in rs] for rs in records]
-    assert any(text for text, _ in texts[0]), "no completion in the exchange to compare"
-    assert texts[0] == texts[1], "the completions depend on sharding"
-    # AdamW moves a weight by up to lr a step whatever its gradient: 1e-4 is 1% of one step (DP's bound)
-    for name in one["policies"]:
-        for key, value in one["policies"][name]["model"].items():
-            torch.testing.assert_close(two["policies"][name]["model"][key], value, rtol=0, atol=1e-4,
-                                       msg=lambda m, name=name, key=key: f"{name}.{key}: {m}")
+    same_completions_and_weights(one, two, "sharded")
     a, b = _scalars(tmp_path / "runs" / "one"), _scalars(tmp_path / "runs" / "fsdp")
     assert set(a) == set(b), sorted(set(a) ^ set(b))[:10]
     assert any(tag == "probe/sgt/gpt2/grad_share" and v > 0 for (tag, _), v in a.items()), "no transfer to compare"
