@@ -18,7 +18,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from mrl_lightning.config_keys import MRLArgumentParser
 from mrl_lightning.data.stream import PromptDataModule
 from mrl_lightning.errors import ConfigError
-from mrl_lightning.preflight import quick_trainer_errors, trainer_errors
+from mrl_lightning.preflight import quick_policy_errors, quick_trainer_errors, trainer_errors
 from mrl_lightning.system import MutualRL
 from mrl_lightning.trainer import MRLTrainer
 
@@ -61,18 +61,25 @@ class MRLCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         """Check the trainer's own values as the arguments give them, then parse as LightningCLI does.
 
-        A bad ``--trainer.*`` value (or one in a ``--config`` file) is reported without
-        waiting for the parse of the whole config (:func:`mrl_lightning.preflight.quick_trainer_errors`);
-        :meth:`instantiate_classes` checks the parsed values again.
+        A bad ``--trainer.*`` value, or a policy's own value (GRPO, sampling, engine, LoRA
+        options), given in a ``--config`` file or as an override, is reported without waiting
+        for the parse of the whole config (:func:`mrl_lightning.preflight.quick_trainer_errors`,
+        :func:`~mrl_lightning.preflight.quick_policy_errors`); the parsed values are checked
+        again when the classes are built.
 
         Raises:
-            ConfigError: a trainer value is out of range or of the wrong kind (docs/reliability.md, row 46).
+            ConfigError: a trainer or policy value is out of range or of the wrong kind
+                (docs/reliability.md, row 46).
         """
         if args is None or isinstance(args, list):
             keys = set(inspect.signature(MRLTrainer.__init__).parameters) - {"self"}
-            errors = quick_trainer_errors(list(sys.argv[1:] if args is None else args), keys)
+            argv = list(sys.argv[1:] if args is None else args)
+            errors = quick_trainer_errors(argv, keys)
             if errors:
                 raise ConfigError("Invalid trainer config:\n  - " + "\n  - ".join(errors))
+            found = quick_policy_errors(argv)
+            if found:  # worded as PolicyModule words them when it is built
+                raise ConfigError(f"Invalid config for policy {found[0]!r}:\n  - " + "\n  - ".join(found[1]))
         super().parse_arguments(parser, args)
 
     def instantiate_classes(self) -> None:

@@ -23,9 +23,7 @@ from mrl_lightning.chat import completion_end_id, encode_rendered, render_chat_p
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.forward import completion_logits
 from mrl_lightning.model_source import ModelRecipe
-from mrl_lightning.policy_checks import (grpo_option_errors, memory_option_errors, note_prompt_lengths, position_errors,
-                                         source_errors, template_errors)
-from mrl_lightning.rollout.options import engine_config_errors
+from mrl_lightning.policy_checks import note_prompt_lengths, option_errors, position_errors, source_errors
 
 
 class PolicyModule(pl.LightningModule):
@@ -219,17 +217,7 @@ class PolicyModule(pl.LightningModule):
     # ----------------------------------------------------------------- validation
     def config_errors(self) -> list[str]:
         """All configuration problems found without building the model."""
-        p = f"policy {self.policy_name!r}"
-        errors = grpo_option_errors(p, self)
-        errors.extend(engine_config_errors(p, self))
-        errors.extend(memory_option_errors(p, self))
-        if self.system_prompt is not None and not self.chat_template:
-            errors.append(f"{p}: system_prompt={self.system_prompt!r} needs chat_template: true (a system turn "
-                          "exists only in a chat format); set chat_template: true, or drop system_prompt and "
-                          "write the instruction into prompt_template.")
-        for key, template, field in (("prompt_template", self.prompt_template, "question"),
-                                     ("completion_template", self.completion_template, "answer")):
-            errors.extend(template_errors(p, key, template, field))
+        errors = option_errors(self)
         errors.extend(position_errors(self))
         errors.extend(source_errors(self))  # loads the tokenizer of a folder or hub id (policy_checks)
         return errors

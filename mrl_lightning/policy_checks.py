@@ -88,6 +88,35 @@ def note_prompt_lengths(policy, lengths: list[int]) -> None:
                       "max_prompt_length to keep whole prompts.", stacklevel=3)
 
 
+def option_errors(policy) -> list[str]:
+    """Problems of a policy's own values that need neither a model nor a tokenizer.
+
+    The GRPO and sampling options (:func:`grpo_option_errors`), the rollout engine's
+    (:func:`mrl_lightning.rollout.options.engine_config_errors`), LoRA / FSDP
+    (:func:`memory_option_errors`), the chat options and the templates. ``policy`` is a
+    :class:`~mrl_lightning.policy.PolicyModule` or anything with its attributes: ``mrl fit``
+    runs this on the values read from the arguments before the config is parsed
+    (:func:`mrl_lightning.preflight.quick_policy_errors`).
+
+    Returns:
+        Error messages naming the field, the value and the fix (empty when valid).
+    """
+    from mrl_lightning.rollout.options import engine_config_errors
+
+    p = f"policy {policy.policy_name!r}"
+    errors = grpo_option_errors(p, policy)
+    errors.extend(engine_config_errors(p, policy))
+    errors.extend(memory_option_errors(p, policy))
+    if policy.system_prompt is not None and not policy.chat_template:
+        errors.append(f"{p}: system_prompt={policy.system_prompt!r} needs chat_template: true (a system turn "
+                      "exists only in a chat format); set chat_template: true, or drop system_prompt and "
+                      "write the instruction into prompt_template.")
+    for key, template, field in (("prompt_template", policy.prompt_template, "question"),
+                                 ("completion_template", policy.completion_template, "answer")):
+        errors.extend(template_errors(p, key, template, field))
+    return errors
+
+
 def template_errors(where: str, key: str, template: str, field: str) -> list[str]:
     """Problems of a ``str.format`` template that must use exactly the field ``{field}``."""
     try:

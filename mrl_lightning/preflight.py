@@ -86,6 +86,42 @@ def trainer_errors(*, max_steps: int = 1000, log_every_n_steps: int = 10, eval_e
     return errors
 
 
+def _read_argv(argv: list[str]) -> list[tuple[str, Any]] | None:
+    """``mrl fit``'s arguments as what they set, in their order: ``("config", mapping)`` for each
+    ``--config`` file read as YAML, ``(dotted_key, value)`` for each ``--<key> <value>`` override.
+
+    None when the reading is not sure of them: ``--help``, ``--print_config``, a section given
+    whole (``--trainer``, ``--model``), a config that is no readable YAML mapping.
+    """
+    import yaml
+
+    args = argv[1:] if argv[:1] == ["fit"] else list(argv)
+    events: list[tuple[str, Any]] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name, eq, inline = arg.partition("=")
+        if name in ("-h", "--help", "--trainer", "--model", "--data") or name.startswith("--print_config"):
+            return None
+        has_value = bool(eq) or (i + 1 < len(args) and not args[i + 1].startswith("--"))
+        value = inline if eq else (args[i + 1] if has_value else None)
+        i += 1 if eq or not has_value else 2
+        if value is None:
+            continue
+        try:
+            if name in ("-c", "--config"):
+                with open(value, encoding="utf-8") as fh:
+                    loaded = yaml.safe_load(fh)
+                if not isinstance(loaded, dict):
+                    return None
+                events.append(("config", loaded))
+            elif name.startswith("--"):
+                events.append((name[2:], yaml.safe_load(value)))
+        except (OSError, yaml.YAMLError):
+            return None
+    return events
+
+
 def quick_trainer_errors(argv: list[str], keys: set[str]) -> list[str]:
     """:func:`trainer_errors` of the ``trainer`` values read straight from ``mrl fit``'s arguments.
 
@@ -106,36 +142,92 @@ def quick_trainer_errors(argv: list[str], keys: set[str]) -> list[str]:
         The problems, as :func:`trainer_errors` words them; [] when none was found or the
         arguments are beyond this reading.
     """
-    import yaml
-
-    args = argv[1:] if argv[:1] == ["fit"] else list(argv)
+    events = _read_argv(argv)
+    if events is None:
+        return []
     values: dict[str, Any] = {}
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        name, eq, inline = arg.partition("=")
-        if name in ("-h", "--help", "--trainer") or name.startswith("--print_config"):
-            return []
-        has_value = bool(eq) or (i + 1 < len(args) and not args[i + 1].startswith("--"))
-        value = inline if eq else (args[i + 1] if has_value else None)
-        i += 1 if eq or not has_value else 2
-        try:
-            if name in ("-c", "--config") and value is not None:
-                with open(value, encoding="utf-8") as fh:
-                    loaded = yaml.safe_load(fh)
-                section = loaded.get("trainer") if isinstance(loaded, dict) else None
-                if section is not None and not isinstance(section, dict):
-                    return []
-                values.update(section or {})
-            elif name.startswith("--trainer.") and value is not None:
-                values[name[len("--trainer."):]] = yaml.safe_load(value)
-        except (OSError, yaml.YAMLError):
-            return []
+    for key, value in events:
+        if key == "config":
+            section = value.get("trainer")
+            if section is not None and not isinstance(section, dict):
+                return []
+            values.update(section or {})
+        elif key.startswith("trainer."):
+            values[key[len("trainer."):]] = value
     known = {k: v for k, v in values.items() if k in keys and (v is None or isinstance(v, (bool, int, float, str)))}
     try:
         return trainer_errors(**known)
     except TypeError:  # a value of another type: the full parse names it
         return []
+
+
+_OVERRIDE = "model.policies.init_args."
+
+
+def quick_policy_errors(argv: list[str]) -> tuple[str, list[str]] | None:
+    """The first policy's :func:`~mrl_lightning.policy_checks.option_errors`, from values read straight
+    from ``mrl fit``'s arguments.
+
+    The ``model.policies`` list of the last ``--config`` file that has one (a later list
+    replaces an earlier one, as in jsonargparse) with the ``--model.policies.init_args.<key>
+    <value>`` overrides applied to its last entry (where jsonargparse applies them), each
+    :class:`~mrl_lightning.policy.PolicyModule` entry filled with the class's defaults. Only
+    checks that need no model or tokenizer run; an entry of another class, a value of another
+    type than its default's, or another ``--model.policies...`` argument is left to the full
+    parse (which then finds the same error, with the model and tokenizer checks after it).
+
+    Returns:
+        ``(name, errors)`` of the first policy with an error, or None.
+    """
+    import inspect
+    from types import SimpleNamespace
+
+    from mrl_lightning.policy import PolicyModule
+    from mrl_lightning.policy_checks import option_errors
+
+    events = _read_argv(argv)
+    if events is None:
+        return None
+    policies = None
+    for key, value in events:
+        if key == "config":
+            model = value.get("model")
+            if isinstance(model, dict) and "policies" in model:
+                policies = model["policies"]
+                if not isinstance(policies, list) or not all(isinstance(e, dict) for e in policies):
+                    return None
+                policies = [{**e, "init_args": dict(e.get("init_args") or {})} for e in policies]
+        elif key.startswith(_OVERRIDE) and "." not in key[len(_OVERRIDE):] and policies:
+            policies[-1]["init_args"][key[len(_OVERRIDE):]] = value
+        elif key.startswith("model.policies"):
+            return None
+    defaults = {n: p.default for n, p in inspect.signature(PolicyModule.__init__).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    for entry in policies or []:
+        if str(entry.get("class_path", "")).rsplit(".", 1)[-1] != "PolicyModule":
+            return None
+        given = entry["init_args"]
+        if not isinstance(given.get("name"), str) or set(given) - set(defaults) - {"name", "model"}:
+            return None
+        values = dict(defaults)
+        for key, value in given.items():
+            default = defaults.get(key)
+            if isinstance(default, float) and isinstance(value, (int, str)) and not isinstance(value, bool):
+                try:
+                    value = float(value)  # YAML reads 1e-3 as a string; jsonargparse as the float it is
+                except ValueError:
+                    return None
+            if default is not None and key != "model" and type(value) is not type(default) and value is not None:
+                return None
+            values[key] = value
+        values["policy_name"] = values.pop("name")
+        try:
+            errors = option_errors(SimpleNamespace(**values))
+        except (TypeError, ValueError, AttributeError):
+            return None
+        if errors:
+            return values["policy_name"], errors
+    return None
 
 
 def accelerator_errors(accelerator: str) -> list[str]:

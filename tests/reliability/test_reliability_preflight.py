@@ -290,3 +290,53 @@ def test_a_bad_trainer_value_is_refused_before_the_config_is_parsed(write_tiny_c
     monkeypatch.setattr(MRLArgumentParser, "parse_args", no_parse)
     err = _refused(capsys, "--config", str(write_tiny_config()), "--trainer.max_steps", "0")
     assert err == "mrl: configuration error:\nInvalid trainer config:\n  - trainer.max_steps=0 must be an integer >= 1.\n"
+
+
+def _policies(tmp_path, name: str, *entries: dict):
+    import yaml
+
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump({"model": {"policies": [
+        {"class_path": "mrl_lightning.policy.PolicyModule", "init_args": e} for e in entries]}}))
+    return str(path)
+
+
+def test_policy_values_are_read_from_the_last_list_and_overrides_reach_its_last_entry(tmp_path):
+    from mrl_lightning.preflight import quick_policy_errors
+
+    a = _policies(tmp_path, "a.yaml", {"name": "p", "model": "m", "learning_rate": "1e-3"},
+                  {"name": "q", "model": "m", "num_generations": 1})
+    b = _policies(tmp_path, "b.yaml", {"name": "r", "model": "m", "top_p": 1.5})
+    assert quick_policy_errors(["fit", "--config", a]) == ("q", [
+        "policy 'q': num_generations=1; GRPO needs >= 2 completions per prompt to form a group baseline. "
+        "Set num_generations: 8 (or any >= 2)."])
+    assert quick_policy_errors(["fit", "--config", a, "--model.policies.init_args.num_generations", "4"]) is None
+    assert quick_policy_errors(["fit", "--config", a, "--config", b]) == (
+        "r", ["policy 'r': top_p=1.5 must be in (0, 1]."])  # a later list replaces the earlier one
+    assert quick_policy_errors(["fit", "--config", b, "--model.policies.init_args.top_p=0.5",
+                                "--model.policies.init_args.learning_rate", "-1"]) == (
+        "r", ["policy 'r': learning_rate=-1.0 must be > 0."])
+
+
+@pytest.mark.parametrize("extra", [["--model.policies", "[]"], ["--model.policies.class_path", "X"],
+                                   ["--model.policies.init_args.learning_rate", "abc"],
+                                   ["--model.policies.init_args.no_such_option", "1"], ["--print_config"]],
+                         ids=["whole-list", "class-path", "wrong-type", "unknown-option", "print_config"])
+def test_what_the_quick_policy_reading_is_not_sure_of_is_left_to_the_full_parse(tmp_path, extra):
+    from mrl_lightning.preflight import quick_policy_errors
+
+    config = _policies(tmp_path, "a.yaml", {"name": "p", "model": "m", "temperature": 0.0})
+    assert quick_policy_errors(["fit", "--config", config])[0] == "p"
+    assert quick_policy_errors(["fit", "--config", config, *extra]) is None
+
+
+def test_a_bad_policy_value_is_refused_before_the_config_is_parsed(write_tiny_config, monkeypatch, capsys):
+    from mrl_lightning.config_keys import MRLArgumentParser
+
+    def no_parse(self, *args, **kwargs):
+        raise AssertionError("the whole config was parsed before the policy value was checked")
+
+    monkeypatch.setattr(MRLArgumentParser, "parse_args", no_parse)
+    err = _refused(capsys, "--config", str(write_tiny_config()), "--model.policies.init_args.learning_rate", "-1")
+    assert err.startswith("mrl: configuration error:\nInvalid config for policy ")
+    assert err.endswith("learning_rate=-1.0 must be > 0.\n")
