@@ -20,6 +20,8 @@ import sys
 
 from mrl_lightning.lifeline import is_launched_worker, tie_to_launcher
 
+INTERRUPTED_AT_START = "\nInterrupted before training started; nothing was written."
+
 USAGE = """usage: mrl {fit,export,thl,bandit} ...
 
   mrl fit --config configs/default.yaml [--config callbacks/sgt.yaml] [--trainer.max_steps N] ...
@@ -76,15 +78,43 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, end="", file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
+    MRLCLI = _import_fit_cli()
+    if MRLCLI is None:  # Ctrl-C while torch and Lightning were imported
+        if not is_launched_worker():  # a launched worker ends quietly: its launcher had the same Ctrl-C
+            print(INTERRUPTED_AT_START, flush=True)
+        return 130
     try:
-        from mrl_lightning.fit_cli import MRLCLI
-
         MRLCLI(args=None if from_shell else argv)
     except SystemExit:
         raise  # the parser's own exits: --help, --print_config, a refused option (status 2)
     except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - each kind gets its one message
         return _stopped(exc)
     return 0
+
+
+def _import_fit_cli():
+    """``MRLCLI``, imported with Ctrl-C held until the import is done; None when Ctrl-C came meanwhile.
+
+    A KeyboardInterrupt raised inside torch's or Lightning's import leaves half-initialized
+    modules behind (``partially initialized module 'torch' has no attribute 'cuda'``), or
+    surfaces inside a C extension's set-up as another error (``generic_type: cannot
+    initialize type "RpcBackendOptions"``): neither can print the one-line hint. So SIGINT is
+    only noted while the import runs (the first seconds of every ``mrl fit`` and of each of
+    its workers) and acted on once it is done.
+    """
+    import signal
+    import threading
+
+    noted: list[int] = []
+    previous = None
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
+    try:
+        from mrl_lightning.fit_cli import MRLCLI
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    return None if noted else MRLCLI
 
 
 def _stopped(exc: BaseException) -> int:
@@ -99,7 +129,7 @@ def _stopped(exc: BaseException) -> int:
     if context is None:  # before the run: parsing, building the config's classes
         context = StopContext(rank=int(os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or 0),
                               world_size=int(os.environ.get("WORLD_SIZE") or 1), launched_worker=is_launched_worker(),
-                              interrupted_line=lambda: "\nInterrupted before training started; nothing was written.")
+                              interrupted_line=lambda: INTERRUPTED_AT_START)
     return stop_run(exc, context)
 
 

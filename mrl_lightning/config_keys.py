@@ -186,8 +186,22 @@ class MRLArgumentParser(LightningArgumentParser):
         return super().parse_args(args, *pos, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None):
-        if self.exit_on_error:  # the final report, not a nested parser's attempt
-            hints = suggestions(message, self)
-            if hints:
-                message = message.rstrip() + "\n" + "\n".join(hints)
-        return super().error(message, ex)
+        """The error, the nearest valid key and jsonargparse's ``--help`` tip, without the 30-line usage
+        block that would bury them (status 2)."""
+        if not self.exit_on_error:  # a nested parser's attempt, not the final report
+            return super().error(message, ex)
+        hints = suggestions(message, self)
+        if hints:
+            message = message.rstrip() + "\n" + "\n".join(hints)
+        _quiet_usage[0] = True
+        try:
+            return super().error(message, ex)
+        finally:
+            _quiet_usage[0] = False
+
+    def print_usage(self, file=None):
+        if not _quiet_usage[0]:
+            super().print_usage(file)
+
+
+_quiet_usage = [False]  # set while an error is reported: the parser that reports it prints no usage

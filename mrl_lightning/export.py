@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from mrl_lightning.errors import ConfigError
+from mrl_lightning.writable import write_problem
 
 
 def export_policy(run: str | Path, policy_name: str, out: str | Path, ckpt_path: str | Path | None = None) -> Path:
@@ -31,7 +32,7 @@ def export_policy(run: str | Path, policy_name: str, out: str | Path, ckpt_path:
         ``out``.
 
     Raises:
-        ConfigError: no ``config.yaml`` in ``run``, an unknown policy name, or ``out`` not empty.
+        ConfigError: no ``config.yaml`` in ``run``, an unknown policy name, ``out`` not empty or not writable.
         CheckpointError: the checkpoint is missing, unreadable, or does not fit the policy.
     """
     from mrl_lightning.builders import build_policy
@@ -41,8 +42,11 @@ def export_policy(run: str | Path, policy_name: str, out: str | Path, ckpt_path:
     if not config.is_file():
         raise ConfigError(f"--run {str(run)!r} holds no config.yaml; give a run folder such as "
                           "runs/default/version_0 (the folder mrl fit printed as 'Run folder').")
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and out.is_dir() and any(out.iterdir()):
         raise ConfigError(f"--out {str(out)!r} is not empty; give a new folder.")
+    problem = write_problem(out)
+    if problem is not None:
+        raise ConfigError(f"--out {str(out)!r} cannot be written ({problem}); give a folder you can write.")
     state = load_checkpoint(ckpt_path or run / "checkpoints" / "last.ckpt")
     cli = build_only(config)
     if policy_name not in cli.model.policies:

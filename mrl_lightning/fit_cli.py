@@ -18,7 +18,8 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from mrl_lightning.config_keys import MRLArgumentParser
 from mrl_lightning.data.stream import PromptDataModule
 from mrl_lightning.errors import ConfigError
-from mrl_lightning.preflight import quick_policy_errors, quick_trainer_errors, trainer_errors
+from mrl_lightning.lifeline import is_launched_worker
+from mrl_lightning.preflight import policy_override_notes, quick_policy_errors, quick_trainer_errors, trainer_errors
 from mrl_lightning.system import MutualRL
 from mrl_lightning.trainer import MRLTrainer
 
@@ -80,6 +81,9 @@ class MRLCLI(LightningCLI):
             found = quick_policy_errors(argv)
             if found:  # worded as PolicyModule words them when it is built
                 raise ConfigError(f"Invalid config for policy {found[0]!r}:\n  - " + "\n  - ".join(found[1]))
+            if not is_launched_worker():  # the launcher says it once
+                for note in policy_override_notes(argv):
+                    print(note, file=sys.stderr, flush=True)
         super().parse_arguments(parser, args)
 
     def instantiate_classes(self) -> None:

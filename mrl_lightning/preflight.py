@@ -230,6 +230,28 @@ def quick_policy_errors(argv: list[str]) -> tuple[str, list[str]] | None:
     return None
 
 
+def policy_override_notes(argv: list[str]) -> list[str]:
+    """A note for each ``--model.policies.init_args.<key>`` override given with a list of several policies.
+
+    jsonargparse applies such an override to the list's last entry only; a user who meant every
+    policy would not know. Returns [] when there is one policy or the reading is not sure.
+    """
+    events = _read_argv(argv)
+    if events is None:
+        return []
+    names, notes = None, []
+    for key, value in events:
+        if key == "config" and isinstance(value.get("model"), dict) and "policies" in value["model"]:
+            entries = value["model"]["policies"]
+            names = ([(e.get("init_args") or {}).get("name") for e in entries if isinstance(e, dict)]
+                     if isinstance(entries, list) else None)
+        elif key.startswith(_OVERRIDE) and names and len(names) > 1:
+            notes.append(f"note: --{key} applies to the last policy of the list only ({names[-1]!r}; "
+                         f"the others, {names[:-1]}, keep their value). To change another policy, or every "
+                         "one, copy the config and edit its policies.")
+    return notes
+
+
 def accelerator_errors(accelerator: str) -> list[str]:
     """``trainer.accelerator`` naming a device this machine does not have (Lightning's own error names no field)."""
     import torch

@@ -237,6 +237,9 @@ class MRLTrainer:
         checkpoint = checked.checkpoint
         torch.set_num_threads(checked.threads)
         self.fabric.launch()
+        watch = self._watch()
+        if watch is not None:  # what the watch prints if Ctrl-C cannot reach a blocked main thread
+            watch.interrupted_line = lambda: self._stop_context(watch).interrupted_line()
         self.workers = w = Workers(checked.placement, self.fabric.global_rank, self.collective_timeout_s)
         self.logger._version = w.broadcast_from_zero(self.logger.version, "run folder")
         self.ctx.workers, self.ctx.log_dir, self.ctx.is_global_zero = w, self.log_dir, self.is_global_zero

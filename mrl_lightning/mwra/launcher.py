@@ -16,7 +16,11 @@
   launcher's main thread (SIGUSR1 to it, raising ``KeyboardInterrupt``, so that ``nohup``
   or a background job, where SIGINT is ignored, are interrupted too), which stops quietly
   with that status (:func:`mrl_lightning.run_stop.stop_run`). A main thread that does not
-  answer within :data:`GRACE_S` (blocked in C code) is ended by the watch itself.
+  answer within :data:`GRACE_S` (blocked in C code) is ended by the watch itself. A worker
+  that ended on Ctrl-C (status 130 or SIGINT) means the launcher had the same Ctrl-C: if
+  its main thread is blocked (in the process group's set-up, waiting for that worker), the
+  watch prints the run's interrupted line (:attr:`WorkerWatch.interrupted_line`) after
+  :data:`INTERRUPT_GRACE_S` and ends it with status 130, as any other Ctrl-C.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from mrl_lightning.lifeline import LAUNCHER_PID_ENV
 
 POLL_S = 0.25
 GRACE_S = 10.0
+INTERRUPT_GRACE_S = 3.0
+INTERRUPTED_STATUSES = (130, -signal.SIGINT)
 EXIT_PEER_STOPPED = 3
 """Status of a worker that stopped because a collective with another rank failed (it printed nothing)."""
 
@@ -57,6 +63,8 @@ class WorkerWatch(threading.Thread):
         exits: Rank -> exit status of every worker that has ended (negative: the signal that ended it).
         failed: ``(rank, status)`` of the first worker that ended with a non-zero status, or None.
         stopping: Set by the main thread once it is stopping on its own: the watch then interrupts nothing.
+        interrupted_line: What the watch prints when it ends a main thread that Ctrl-C could not
+            reach (the run sets it once it has started: :func:`mrl_lightning.progress.interrupted_line`).
     """
 
     def __init__(self, procs: list, on_timeout: Callable[[int, int], None] | None = None) -> None:
@@ -67,6 +75,7 @@ class WorkerWatch(threading.Thread):
         self.stopping = False
         self.on_timeout = on_timeout
         self.signal = signal.SIGINT  # what interrupts the main thread (WorkerLauncher: SIGUSR1)
+        self.interrupted_line: Callable[[], str] = lambda: "\nInterrupted before training started; nothing was written."
         self._lock = threading.Lock()
 
     def poll(self) -> dict[int, int]:
@@ -96,15 +105,20 @@ class WorkerWatch(threading.Thread):
             signal.pthread_kill(threading.main_thread().ident, self.signal)
         else:
             _thread.interrupt_main()
-        deadline = time.monotonic() + GRACE_S
+        rank, code = self.failed
+        interrupted = code in INTERRUPTED_STATUSES
+        deadline = time.monotonic() + (INTERRUPT_GRACE_S if interrupted else GRACE_S)
         while time.monotonic() < deadline:
             time.sleep(POLL_S)
             if self.stopping:  # the main thread took it; it ends the process itself
                 return
-        rank, code = self.failed
-        if self.on_timeout is not None:
-            self.on_timeout(rank, code)
-        os._exit(code if code in (1, 2, 130) else 1)
+        try:  # a closed stdout / stderr (the reader of a pipe gone) must not keep the process alive
+            if interrupted:
+                print(self.interrupted_line(), flush=True)
+            elif self.on_timeout is not None:
+                self.on_timeout(rank, code)
+        finally:
+            os._exit(130 if interrupted else code if code in (1, 2, 130) else 1)
 
     def wait_for_exits(self, timeout_s: float) -> dict[int, int]:
         """Poll until every worker has ended or ``timeout_s`` passed; returns :attr:`exits`."""

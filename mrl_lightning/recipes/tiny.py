@@ -309,6 +309,11 @@ class TinyCausalLM(ModelRecipe):
                 shutil.rmtree(tmp)
                 shutil.copytree(prebuilt, tmp)
                 log(f"[{policy.policy_name}] warm-started model taken from {prebuilt} (prebuilt)")
+                report = json.loads((tmp / "warm_start.json").read_text())
+                warning = warm_start_shortfall(policy.policy_name, self.warm_start_part, report.get("accuracy", {}),
+                                               self.warm_start_target, report.get("steps", 0))
+                if warning and warn_shortfall:  # said as on a cache hit: the shipped build fell short too
+                    log(warning)
             else:
                 self._build(policy, datamodule, tmp, log)
             if final.exists():  # another process finished first

@@ -117,6 +117,8 @@ def test_a_prebuilt_folder_of_the_same_recipe_is_taken_and_another_one_is_built_
     assert any("taken from" in line for line in lines) and not any("warm-start step" in line for line in lines)
     assert filecmp.cmp(folder / "model.safetensors", shipped / "model.safetensors", shallow=False)
     assert taken.cache_key(policy, data) == recipe.cache_key(policy, data)  # prebuilt is not in the key
+    shortfall = [line for line in lines if "below its target" in line]  # the shipped build fell short of 0.99:
+    assert len(shortfall) == 1 and shortfall[0].startswith("[tiny] warning: warm-start stopped")  # said so here too
 
     other = TinyCausalLM(**{**recipe._args(), "cache_dir": str(tmp_path / "third"), "prebuilt": str(shipped)})
     changed = PolicyModule(name="tiny", model=other, max_completion_length=3, prompt_template="Q: {question}\nA:")

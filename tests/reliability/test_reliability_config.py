@@ -32,6 +32,7 @@ def test_unknown_yaml_key_names_the_nearest_valid_key(write_tiny_config, no_mode
     err = _fit_error(capsys, "--config", str(config))
     assert "does not accept option 'trainer.max_step'" in err
     assert "'trainer.max_step' is not a config key; did you mean 'trainer.max_steps'?" in err
+    assert "usage:" not in err  # the 30-line usage block would bury the message
 
 
 def test_unknown_section_names_the_nearest_valid_key(write_tiny_config, no_model_build, capsys):

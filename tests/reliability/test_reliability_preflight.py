@@ -340,3 +340,33 @@ def test_a_bad_policy_value_is_refused_before_the_config_is_parsed(write_tiny_co
     err = _refused(capsys, "--config", str(write_tiny_config()), "--model.policies.init_args.learning_rate", "-1")
     assert err.startswith("mrl: configuration error:\nInvalid config for policy ")
     assert err.endswith("learning_rate=-1.0 must be > 0.\n")
+
+
+def test_export_to_a_folder_that_cannot_be_written_is_one_line_with_status_two(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("model: {}\n")
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    err = _refused_export(capsys, "--run", str(run), "--policy", "gpt2", "--out", str(blocker / "exported"))
+    assert err == (f"mrl export: --out {str(blocker / 'exported')!r} cannot be written "
+                   f"({str(blocker)!r} is a file, not a folder); give a folder you can write.\n")
+
+
+def _refused_export(capsys, *argv) -> str:
+    assert main(["export", *argv]) == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+    return captured.err
+
+
+def test_an_override_of_a_policy_value_says_it_reaches_the_last_policy_only(tmp_path):
+    from mrl_lightning.preflight import policy_override_notes
+
+    two = _policies(tmp_path, "two.yaml", {"name": "p", "model": "m"}, {"name": "q", "model": "m"})
+    one = _policies(tmp_path, "one.yaml", {"name": "p", "model": "m"})
+    (note,) = policy_override_notes(["fit", "--config", two, "--model.policies.init_args.learning_rate", "0.005"])
+    assert note.startswith("note: --model.policies.init_args.learning_rate applies to the last policy of the list "
+                           "only ('q'; the others, ['p'], keep their value).")
+    assert policy_override_notes(["fit", "--config", one, "--model.policies.init_args.learning_rate", "0.005"]) == []
+    assert policy_override_notes(["fit", "--config", two]) == []

@@ -260,3 +260,57 @@ def test_ctrl_c_in_a_one_process_run_prints_the_hint_once_without_a_traceback(wr
     assert captured.out.count("Interrupted") == 1
     assert f"Interrupted during step 2 (update); resume with --ckpt_path {last}" in captured.out
     assert last.exists()
+
+
+class _FitCliImportedUnderCtrlC(type(sys)):
+    """A stand-in ``mrl_lightning.fit_cli`` whose import Ctrl-C interrupts (as in the first seconds of ``mrl fit``,
+    while torch and Lightning are imported)."""
+
+    def __getattr__(self, name):
+        if name != "MRLCLI":
+            raise AttributeError(name)
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.3)  # the handler runs by here
+        except KeyboardInterrupt:  # Python's own: raised inside torch's import, it leaves torch half-initialized
+            self.interrupted_inside = True
+            raise
+        return lambda args=None: pytest.fail("the run went on after Ctrl-C during the import")
+
+
+@pytest.mark.parametrize("worker", [False, True], ids=["launcher", "launched-worker"])
+def test_ctrl_c_while_torch_is_imported_prints_the_hint_once_without_a_traceback(monkeypatch, capsys, worker):
+    stand_in = _FitCliImportedUnderCtrlC("mrl_lightning.fit_cli")
+    monkeypatch.setitem(sys.modules, "mrl_lightning.fit_cli", stand_in)
+    monkeypatch.setattr("mrl_lightning.cli.is_launched_worker", lambda: worker)
+    sigint = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        assert main(["fit", "--config", "unused.yaml"]) == 130
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back after the import
+    finally:
+        signal.signal(signal.SIGINT, sigint)
+    assert not getattr(stand_in, "interrupted_inside", False)
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    # the launcher speaks for the run; a worker it launched had the same Ctrl-C and stays quiet
+    assert captured.out == ("" if worker else "\nInterrupted before training started; nothing was written.\n")
+
+
+def test_a_worker_ended_by_ctrl_c_ends_a_blocked_launcher_with_the_hint():
+    # the launcher's main thread blocked where no signal reaches it (the process group's set-up waiting for the
+    # worker): here it ignores the watch's signal and sleeps
+    script = textwrap.dedent("""
+        import signal, subprocess, sys, time
+        from mrl_lightning.mwra.launcher import WorkerWatch
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        watch = WorkerWatch([subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(130)"])])
+        watch.start()
+        time.sleep(60)
+    """)
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert proc.returncode == 130
+    assert time.monotonic() - start < 30  # INTERRUPT_GRACE_S (3 s) after the worker ended, not the 60 s sleep
+    assert proc.stdout == "\nInterrupted before training started; nothing was written.\n"
+    assert proc.stderr == ""
