@@ -129,9 +129,11 @@ def hub_load_kwargs(source: str, field: str, where: str, filename: str = "config
     if is_local_source(source):
         return {}
     cached = _cached(source, filename)
+    offline = offline_mode()
     fix = (f"Download it once where there is network (`hf download {source}`) and copy the Hugging Face cache "
-           f"here, then set HF_HUB_OFFLINE=1; or give {field}: a local folder written by save_pretrained.")
-    if offline_mode():
+           f"here{'' if offline else ', then set HF_HUB_OFFLINE=1'}; or give {field}: a local folder written by "
+           "save_pretrained.")
+    if offline:
         if cached:
             return {}
         raise HubUnreachableError(f"{where}: {field}={source!r} is a hub id, HF_HUB_OFFLINE is set and it is not in "

@@ -131,8 +131,9 @@ def test_cached_hub_id_without_network_loads_local_files_only(no_network, monkey
 def test_offline_mode_without_the_id_in_the_cache_names_the_fix(no_network, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(hub, "hub_reachable", lambda: pytest.fail("probed the network in offline mode"))
-    with pytest.raises(ConfigError, match="HF_HUB_OFFLINE is set and it is not in the local cache"):
+    with pytest.raises(ConfigError, match="HF_HUB_OFFLINE is set and it is not in the local cache") as caught:
         hub.hub_load_kwargs("some-org/some-model", "tokenizer", "policy 'p'")
+    assert "copy the Hugging Face cache here; or give tokenizer:" in str(caught.value)  # not "then set" what is set
 
 
 def test_the_hub_is_probed_once_per_process(no_network, monkeypatch):
