@@ -18,9 +18,7 @@ from __future__ import annotations
 import os
 import sys
 
-from mrl_lightning.lifeline import is_launched_worker, tie_to_launcher
-
-INTERRUPTED_AT_START = "\nInterrupted before training started; nothing was written."
+from mrl_lightning.lifeline import INTERRUPTED_AT_START, is_launched_worker, tie_to_launcher
 
 USAGE = """usage: mrl {fit,export,thl,bandit} ...
 

@@ -32,6 +32,8 @@ import sys
 import threading
 import time
 
+INTERRUPTED_AT_START = "\nInterrupted before training started; nothing was written."  # Ctrl-C before a run's start
+
 LAUNCHER_PID_ENV = "MRL_LAUNCHER_PID"
 """Environment variable the launcher sets, for the workers it starts, to its own pid."""
 

@@ -36,7 +36,7 @@ from typing import Any, Callable
 from lightning.fabric.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
 
-from mrl_lightning.lifeline import LAUNCHER_PID_ENV
+from mrl_lightning.lifeline import INTERRUPTED_AT_START, LAUNCHER_PID_ENV
 
 POLL_S = 0.25
 GRACE_S = 10.0
@@ -75,7 +75,7 @@ class WorkerWatch(threading.Thread):
         self.stopping = False
         self.on_timeout = on_timeout
         self.signal = signal.SIGINT  # what interrupts the main thread (WorkerLauncher: SIGUSR1)
-        self.interrupted_line: Callable[[], str] = lambda: "\nInterrupted before training started; nothing was written."
+        self.interrupted_line: Callable[[], str] = lambda: INTERRUPTED_AT_START
         self._lock = threading.Lock()
 
     def poll(self) -> dict[int, int]:

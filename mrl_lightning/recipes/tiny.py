@@ -295,11 +295,8 @@ class TinyCausalLM(ModelRecipe):
         root = final.parent
         if (final / "warm_start.json").is_file():
             log(f"[{policy.policy_name}] warm-start cache hit: {final}")
-            report = json.loads((final / "warm_start.json").read_text())
-            warning = warm_start_shortfall(policy.policy_name, self.warm_start_part, report.get("accuracy", {}),
-                                           self.warm_start_target, report.get("steps", 0))
-            if warning and warn_shortfall:
-                log(warning)
+            if warn_shortfall:
+                self._say_shortfall(policy, final, log)
             return final
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
@@ -309,11 +306,8 @@ class TinyCausalLM(ModelRecipe):
                 shutil.rmtree(tmp)
                 shutil.copytree(prebuilt, tmp)
                 log(f"[{policy.policy_name}] warm-started model taken from {prebuilt} (prebuilt)")
-                report = json.loads((tmp / "warm_start.json").read_text())
-                warning = warm_start_shortfall(policy.policy_name, self.warm_start_part, report.get("accuracy", {}),
-                                               self.warm_start_target, report.get("steps", 0))
-                if warning and warn_shortfall:  # said as on a cache hit: the shipped build fell short too
-                    log(warning)
+                if warn_shortfall:  # said as on a cache hit: the shipped build fell short too
+                    self._say_shortfall(policy, tmp, log)
             else:
                 self._build(policy, datamodule, tmp, log)
             if final.exists():  # another process finished first
@@ -324,6 +318,14 @@ class TinyCausalLM(ModelRecipe):
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return final
+
+    def _say_shortfall(self, policy, folder: Path, log) -> None:
+        """Log the warning of the warm-start stored in ``folder`` if it ended below its target."""
+        report = json.loads((folder / "warm_start.json").read_text())
+        warning = warm_start_shortfall(policy.policy_name, self.warm_start_part, report.get("accuracy", {}),
+                                       self.warm_start_target, report.get("steps", 0))
+        if warning:
+            log(warning)
 
     # --------------------------------------------------------------------- build
     def _build(self, policy, datamodule, out: Path, log) -> None:
