@@ -43,7 +43,7 @@ SGT_CLASS = "mrl_lightning.callbacks.SuccessGatedTransfer"
 # The SGT settings of configs/default.yaml before this study (lambda 0.3 / 1.0, kappa 0.5).
 OLD = {"lambda_sgt": 0.3, "lambda_per_policy": {"llama": 1.0}, "kappa": 0.5}
 WARMUP = {"warmup_steps": 100}
-# The SGT settings of configs/default.yaml now (callbacks/sgt.yaml), which the moving-bound arms start from.
+# The SGT settings the moving-bound arms start from (callbacks/sgt.yaml without its bound).
 SGT_DEFAULT = {"lambda_sgt": 0.3, "lambda_per_policy": {"llama": 1.0}, "kappa": 0.5, "advantage_plus": 1.0,
                "max_transfers_per_prompt": 1, "max_staleness": None, "receivers": None, "transfer_mode": "nll"}
 WU_KL = {"warmup_steps": 100, "beta": 0.1}
@@ -51,7 +51,9 @@ WU_KL = {"warmup_steps": 100, "beta": 0.1}
 ARMS: dict[str, dict] = {
     "none": {"probe": "none.yaml"},
     "sgt_old": {"sgt": OLD},
-    "sgt_default": {},  # whatever configs/default.yaml + callbacks/sgt.yaml say now
+    "sgt_default": {},  # whatever configs/default.yaml + callbacks/sgt.yaml say now (the schedule, sgt_sched)
+    # the default before the schedule: the share bounded at 0.3 throughout
+    "sgt_fixed30": {"sgt": {**SGT_DEFAULT, "max_grad_share": 0.3}},
     # the transfer term's share of the gradient, bounded
     "sgt_share50": {"sgt": {**OLD, "max_grad_share": 0.5}},
     "sgt_share30": {"sgt": {**OLD, "max_grad_share": 0.3}},
@@ -84,6 +86,11 @@ ARMS: dict[str, dict] = {
                           "max_grad_share_ramp_steps": 1500}},
     "sgt_adapt": {"sgt": {**SGT_DEFAULT, "max_grad_share": 0.6, "max_grad_share_low": 0.2, "adaptive_drop": 0.1,
                           "adaptive_ema": 0.05, "adaptive_reference_steps": 100}},
+    # the share measured every 10th step, the demos joining the GRPO pass between (docs/probes.md, "Cost"),
+    # on the fixed bound and on the schedule
+    "sgt_fused10": {"sgt": {**SGT_DEFAULT, "max_grad_share": 0.3, "measure_share_every_n_steps": 10}},
+    "sgt_sched_fused10": {"sgt": {**SGT_DEFAULT, "max_grad_share": 0.3, "max_grad_share_final": 0.6,
+                                  "max_grad_share_ramp_steps": 1500, "measure_share_every_n_steps": 10}},
 }
 
 

@@ -64,10 +64,35 @@ class AuxiliaryLoss:
             summed before their share is measured.
         max_grad_share: Bound in (0, 1) on the term's share of the update,
             ``||g_term|| / (||g_grpo|| + ||g_term||)``; None = no bound.
+        fused_scale: None (the default) = the term is backpropagated on its own and its share
+            measured and bounded this step. A float = the term's rows (:meth:`rows`) join the
+            last GRPO micro-batch's forward and backward and its loss (:meth:`loss_from_logprobs`)
+            is added times this factor, with no share measured (SGT's
+            ``measure_share_every_n_steps``, docs/probes.md "Cost"). Only terms that define
+            :meth:`rows` may set it.
     """
 
     name: str = "aux"
     max_grad_share: float | None = None
+    fused_scale: float | None = None
+
+    def rows(self) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+        """The term's sequences for a shared forward, or None when it has none to share.
+
+        Returns:
+            ``(prompt_ids [M, P] int64 left-padded, prompt_mask [M, P] bool, completion_ids
+            [M, L] int64, completion_mask [M, L] bool)`` on the CPU.
+        """
+        return None
+
+    def loss_from_logprobs(self, policy: PolicyModule, logp: Tensor, completion_mask: Tensor,
+                           totals: dict[str, float]) -> tuple[Tensor, dict[str, float]]:
+        """The term's loss from its rows' log-probs (``[M, L]`` float32 nats, with grad), as ``__call__``
+        returns it; ``completion_mask`` ``[M, L]`` bool. Needed by terms that define :meth:`rows`."""
+        raise NotImplementedError(f"{type(self).__name__} defines no loss_from_logprobs")
+
+    def note_scale(self, scale: float) -> None:
+        """Told the factor ``s_k`` the share bound gave this term when it was measured (default: ignored)."""
 
     def __call__(self, policy: PolicyModule, model, totals: dict[str, float]) -> tuple[Tensor, dict[str, float]]:
         """The term's scalar loss (already weighted) and metrics to log.

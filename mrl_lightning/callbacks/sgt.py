@@ -71,6 +71,14 @@ class SuccessGatedTransfer(MRLCallback):
         adaptive_drop: The relative strong-part drop at which the bound reaches ``max_grad_share_low``.
         adaptive_ema: Moving-average rate of the strong-part success the adaptive bound follows.
         adaptive_reference_steps: Steps over which the strong part's reference is taken.
+        measure_share_every_n_steps: k. 1 = the transfer term gets its own forward and backward
+            on every step, so its share is measured and bounded exactly each step. k > 1 = it does
+            on the first step with demos and then every k-th rollout step; on the steps between,
+            the demos join the last GRPO micro-batch (one forward and backward, none of their
+            own) and their loss is multiplied by the factor the bound gave at the last measured
+            step, so the share on those steps is the measured step's, not bounded anew
+            (docs/probes.md, "Cost"). A policy on several ranks or sharded with FSDP is
+            measured every step whatever k is.
         transfer_mode: ``"nll"``: the transfer term ``lambda * A_plus * mean NLL`` over the
             step's demos (:func:`~mrl_lightning.probes.sgt.sgt_loss`). ``"group"``: each demo
             joins its prompt's group as an extra sample with its combined reward (every reward
@@ -100,6 +108,7 @@ class SuccessGatedTransfer(MRLCallback):
         adaptive_drop: float = 0.1,
         adaptive_ema: float = 0.05,
         adaptive_reference_steps: int = 50,
+        measure_share_every_n_steps: int = 1,
     ) -> None:
         errors = []
         if lambda_sgt < 0 or any(v < 0 for v in (lambda_per_policy or {}).values()):
@@ -113,6 +122,10 @@ class SuccessGatedTransfer(MRLCallback):
         if max_grad_share is not None and not 0.0 < max_grad_share < 1.0:
             errors.append(f"SuccessGatedTransfer.max_grad_share={max_grad_share} must be in (0, 1) (a share of "
                           "the update, e.g. 0.5) or null for no bound.")
+        if isinstance(measure_share_every_n_steps, bool) or not isinstance(measure_share_every_n_steps, int) \
+                or measure_share_every_n_steps < 1:
+            errors.append(f"SuccessGatedTransfer.measure_share_every_n_steps={measure_share_every_n_steps!r} must be "
+                          "an integer >= 1 (1 = measure the transfer's share on every step).")
         if transfer_mode not in TRANSFER_MODES:
             errors.append(f"SuccessGatedTransfer.transfer_mode={transfer_mode!r}; valid: {list(TRANSFER_MODES)}.")
         try:
@@ -128,6 +141,7 @@ class SuccessGatedTransfer(MRLCallback):
         self.advantage_plus, self.kappa = advantage_plus, kappa
         self.max_transfers_per_prompt, self.max_staleness = max_transfers_per_prompt, max_staleness
         self.receivers = receivers
+        self.measure_share_every_n_steps = measure_share_every_n_steps
         self.rescued: dict[str, set[str]] = {}
         self.seen_after_rescue: dict[str, set[str]] = {}
         self.solved_after_rescue: dict[str, set[str]] = {}
@@ -227,9 +241,10 @@ class SuccessGatedTransfer(MRLCallback):
             _, combined, _ = system.score(texts, [items[b] for b in rows for _ in demo_texts[b]])
             it = iter(combined.tolist())
             demo_rows = {b: [next(it) for _ in demo_texts[b]] for b in rows}
-            self._join_groups(policy, batch, demos, demo_rows, weight, tag, bound)
+            self._join_groups(policy, batch, demos, demo_rows, weight, tag, bound, self._fusing(ctx, policy))
         elif demos and weight > 0:
-            batch.aux_losses.append(_SGTTransferLoss(demos, weight, self.advantage_plus, tag, bound))
+            batch.aux_losses.append(_SGTTransferLoss(demos, weight, self.advantage_plus, tag, bound,
+                                                     policy.tokenizer.pad_token_id, **self._fusing(ctx, policy)))
         batch.counts["sgt_demos"] = float(len(demos) if weight > 0 else 0)
         batch.metrics.update({
             f"{tag}/rescue_set_size": Sum(len(chosen)), f"{tag}/transfers": Sum(len(demos)),
@@ -262,6 +277,23 @@ class SuccessGatedTransfer(MRLCallback):
             batch.metrics[f"{tag}/grad_share_bound"] = value
         return value
 
+    def _fusing(self, ctx, policy) -> dict[str, Any]:
+        """The transfer term's ``fused_scale`` for this step and where it records a measured one.
+
+        Fused (the factor of the last measured step) when ``measure_share_every_n_steps`` > 1, a
+        step has been measured, fewer than k rollout steps ago, and the policy runs on one rank
+        unsharded; None (measure now) otherwise. The factor and its step are kept in
+        ``bound_state`` (``scale``, ``measured_at``), so a resumed run fuses as the uninterrupted one.
+        """
+        name = policy.policy_name
+        state = self.bound_state.setdefault(name, {"level": None, "reference": None})
+        k, fused = self.measure_share_every_n_steps, None
+        if k > 1 and state.get("scale") is not None and ctx.rollout_step - state["measured_at"] < k:
+            workers = getattr(ctx, "workers", None)
+            if not getattr(policy, "fsdp", False) and (workers is None or workers.group_size(name) == 1):
+                fused = state["scale"]
+        return {"fused_scale": fused, "share_state": state, "step": ctx.rollout_step}
+
     def _note(self, ctx, name: str, seen: set[str], solved: set[str], rescued: set[str]) -> None:
         """Add this step's prompts seen again, solved again and rescued to ``name``'s bookkeeping.
 
@@ -278,7 +310,7 @@ class SuccessGatedTransfer(MRLCallback):
         self.rescued[name] |= rescued
 
     def _join_groups(self, policy, batch, demos, demo_rows: dict[int, list[float]], weight: float, tag: str,
-                     bound: float | None) -> None:
+                     bound: float | None, fusing: dict[str, Any]) -> None:
         """``transfer_mode: group``: the demos join their prompts' groups as extra samples.
 
         The rescued rows' own advantages are replaced by those over the group of own + demos
@@ -295,7 +327,8 @@ class SuccessGatedTransfer(MRLCallback):
         batch.counts["sequences"] = batch.counts.get("sequences", 0.0) + float(len(demos))
         batch.counts["tokens"] = batch.counts.get("tokens", 0.0) + float(sum(len(c) for _, c in demos))
         flat = torch.cat(demo_adv)
-        batch.aux_losses.append(_SGTGroupLoss(demos, flat, weight, tag, bound))
+        batch.aux_losses.append(_SGTGroupLoss(demos, flat, weight, tag, bound, policy.tokenizer.pad_token_id,
+                                              **fusing))
         batch.metrics[f"{tag}/transfer_advantage_mean"] = Mean(float(flat.mean()), len(flat))
 
     @staticmethod

@@ -36,52 +36,64 @@ def unpack_ids(packed) -> set[str]:
     return set(packed)
 
 
-def _demo_logprobs(policy, model, demos) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """The receiver's per-token log-probs of its demos.
-
-    Returns:
-        ``([D, Lc] log-probs (nats, with grad), [D, Lc] completion mask, mean NLL per token (nats))``.
-    """
-    p_ids, p_mask, c_ids, c_mask = pad_demos(demos, policy.tokenizer.pad_token_id)
-    device = next(policy.model.parameters()).device
-    logp, _ = policy.completion_logprobs(p_ids.to(device), p_mask.to(device), c_ids.to(device),
-                                         c_mask.to(device), model=model)
-    c_mask = c_mask.to(device)
-    return logp, c_mask, float((-(logp.detach() * c_mask).sum() / c_mask.sum().clamp(min=1)))
+def _demo_nll(logp: torch.Tensor, c_mask: torch.Tensor) -> Mean:
+    """Mean NLL per demo token (nats) of ``[D, Lc]`` log-probs under the ``[D, Lc]`` mask."""
+    return Mean(float(-(logp.detach() * c_mask).sum() / c_mask.sum().clamp(min=1)), float(c_mask.sum()))
 
 
-class _SGTTransferLoss(AuxiliaryLoss):
+class _DemoTerm(AuxiliaryLoss):
+    """An SGT term over the receiver's demos: its own forward (``__call__``) or rows of a shared one
+    (:meth:`rows`, when the update fuses it); after a measured step it records the bound's factor in
+    ``share_state`` (``scale``, ``measured_at`` = the rollout step) for the fused steps that follow."""
+
+    name = "sgt"
+
+    def __init__(self, demos, tag: str, max_grad_share: float | None, pad_id: int, fused_scale: float | None = None,
+                 share_state: dict | None = None, step: int = 0) -> None:
+        self.demos, self.tag, self.max_grad_share, self.pad_id = demos, tag, max_grad_share, pad_id
+        self.fused_scale, self.share_state, self.step = fused_scale, share_state, step
+
+    def rows(self):
+        return pad_demos(self.demos, self.pad_id)
+
+    def __call__(self, policy, model, totals: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
+        p_ids, p_mask, c_ids, c_mask = self.rows()
+        device = next(policy.model.parameters()).device
+        logp, _ = policy.completion_logprobs(p_ids.to(device), p_mask.to(device), c_ids.to(device),
+                                             c_mask.to(device), model=model)
+        return self.loss_from_logprobs(policy, logp, c_mask.to(device), totals)
+
+    def note_scale(self, scale: float) -> None:
+        if self.share_state is not None:
+            self.share_state["scale"], self.share_state["measured_at"] = float(scale), int(self.step)
+
+
+class _SGTTransferLoss(_DemoTerm):
     """``transfer_mode: nll``: ``lambda * A_plus * mean NLL`` over the demos of every rank (:func:`sgt_loss`)."""
 
-    name = "sgt"
-
     def __init__(self, demos, lambda_sgt: float, advantage_plus: float, tag: str,
-                 max_grad_share: float | None = None) -> None:
-        self.demos, self.lambda_sgt, self.advantage_plus, self.tag = demos, lambda_sgt, advantage_plus, tag
-        self.max_grad_share = max_grad_share
+                 max_grad_share: float | None, pad_id: int, **fused) -> None:
+        super().__init__(demos, tag, max_grad_share, pad_id, **fused)
+        self.lambda_sgt, self.advantage_plus = lambda_sgt, advantage_plus
 
-    def __call__(self, policy, model, totals: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
-        logp, c_mask, nll = _demo_logprobs(policy, model, self.demos)
-        loss = sgt_loss(logp, c_mask, self.lambda_sgt, self.advantage_plus,
+    def loss_from_logprobs(self, policy, logp, completion_mask, totals):
+        loss = sgt_loss(logp, completion_mask, self.lambda_sgt, self.advantage_plus,
                         num_demos=float(totals.get("sgt_demos", 0.0)) or None)
-        return loss, {f"{self.tag}/nll_nats": Mean(nll, float(c_mask.sum()))}
+        return loss, {f"{self.tag}/nll_nats": _demo_nll(logp, completion_mask)}
 
 
-class _SGTGroupLoss(AuxiliaryLoss):
+class _SGTGroupLoss(_DemoTerm):
     """``transfer_mode: group``: the demos as extra GRPO samples (:func:`sgt_group_loss`)."""
 
-    name = "sgt"
-
     def __init__(self, demos, advantages: torch.Tensor, lambda_sgt: float, tag: str,
-                 max_grad_share: float | None = None) -> None:
-        self.demos, self.advantages, self.lambda_sgt, self.tag = demos, advantages, lambda_sgt, tag
-        self.max_grad_share = max_grad_share
+                 max_grad_share: float | None, pad_id: int, **fused) -> None:
+        super().__init__(demos, tag, max_grad_share, pad_id, **fused)
+        self.advantages, self.lambda_sgt = advantages, lambda_sgt
 
-    def __call__(self, policy, model, totals: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
-        logp, c_mask, nll = _demo_logprobs(policy, model, self.demos)
+    def loss_from_logprobs(self, policy, logp, completion_mask, totals):
         # the normalizers of own samples + demos, summed over the policy's ranks
-        loss = sgt_group_loss(logp, c_mask, self.advantages.to(c_mask.device), self.lambda_sgt, policy.loss_type,
-                              num_sequences=float(totals.get("sequences", 0.0)),
+        loss = sgt_group_loss(logp, completion_mask, self.advantages.to(completion_mask.device), self.lambda_sgt,
+                              policy.loss_type, num_sequences=float(totals.get("sequences", 0.0)),
                               num_tokens=float(totals.get("tokens", 0.0)),
                               max_completion_length=policy.max_completion_length)
-        return loss, {f"{self.tag}/nll_nats": Mean(nll, float(c_mask.sum()))}
+        return loss, {f"{self.tag}/nll_nats": _demo_nll(logp, completion_mask)}

@@ -114,8 +114,9 @@ def backward_aux_losses(aux_losses: list, policy, model, backward: Callable[[Ten
         The terms' own metrics, plus per term name (terms of one name are summed):
         ``<prefix>/grad_share``, the share of the update, ``||s_k g_k|| / (||g_0|| + ||s_k g_k||)``
         (at most the bound); ``<prefix>/grad_share_raw``, the same before the bound (s_k = 1);
-        ``<prefix>/grad_norm`` (``||g_k||``, unscaled); ``<prefix>/grad_scale`` (``s_k``); and
-        ``<prefix>/grpo_grad_norm`` (``||g_0||``).
+        ``<prefix>/grad_norm`` (``||g_k||``, unscaled); ``<prefix>/grad_scale`` (``s_k``, also
+        passed to each term's ``note_scale``); ``<prefix>/grpo_grad_norm`` (``||g_0||``); and
+        ``<prefix>/share_measured`` (1: measured here; a fused step logs 0, :mod:`mrl_lightning.update`).
 
     Raises:
         ValueError: a term's ``max_grad_share`` is not in (0, 1).
@@ -146,7 +147,11 @@ def backward_aux_losses(aux_losses: list, policy, model, backward: Callable[[Ten
         share = raw if scale == 1.0 else (bounded / (main_norm + bounded) if bounded > 0 else 0.0)
         prefix = tag(name)
         metrics.update({f"{prefix}/grad_share": share, f"{prefix}/grad_share_raw": raw, f"{prefix}/grad_norm": norm,
-                        f"{prefix}/grad_scale": scale, f"{prefix}/grpo_grad_norm": main_norm})
+                        f"{prefix}/grad_scale": scale, f"{prefix}/grpo_grad_norm": main_norm,
+                        f"{prefix}/share_measured": 1.0})
+        for aux in aux_losses:
+            if aux.name == name and hasattr(aux, "note_scale"):
+                aux.note_scale(scale)
         for i, g in enumerate(grads):
             if g is None or scale == 0.0:
                 continue
