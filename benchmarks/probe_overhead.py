@@ -3,7 +3,8 @@
     python benchmarks/probe_overhead.py --steps 150 --rounds 3 --out runs/bench_probe_overhead
 
 Runs ``configs/default.yaml`` under each probe snippet (``callbacks/none.yaml``,
-``sgt.yaml``, ``xgrpo.yaml``, ``prp.yaml``), one after the other, in one process with
+``sgt.yaml``, ``xgrpo.yaml``, ``prp.yaml``; ``sgt_exact`` is ``sgt.yaml`` with
+``measure_share_every_n_steps: 1``), one after the other, in one process with
 ``--threads`` threads (colocated, so the step time is the sum of both policies' work and
 nothing waits on another process), same seed, no evaluation or checkpoint inside the
 timed window, and all of that ``--rounds`` times (a change of the machine's speed during
@@ -19,7 +20,9 @@ the invocation then hits every arm alike). It prints, per arm (medians over roun
   (``train/<p>/compose_time_s``) and their loss terms' forward, backward and share bound
   (``train/<p>/aux_loss_time_s``), as a share of the rest of the same steps, ``own / (step -
   own)``. Both come from the same steps, so the machine's speed cancels. Targets: SGT and
-  XGRPO at most 5%;
+  XGRPO at most 5%. The three parts are printed too. On SGT's fused steps its loss term has
+  no passes of its own: its time is the padding, its loss and an upper bound on its rows' part
+  of the shared pass (``mrl_lightning/update.py``);
 - PRP: the cost of one pooled peer sample relative to one own sample, from its own time,
   ``(own / pooled per step) / ((step - own) / own samples per step)`` (target: at most
   1.3), and from the A/B times, ``((t_prp - t_none) / pooled) / (t_none / own samples)``.
@@ -41,12 +44,31 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from mwra import after, mean, read, seconds_per_step  # noqa: E402  (benchmarks/mwra.py)
 
-ARMS = ("none", "sgt", "xgrpo", "prp")
+ARMS = ("none", "sgt", "xgrpo", "prp", "sgt_exact")
+# arms that are a shipped snippet with changed SGT options (written to <out>/<arm>.yaml): the
+# transfer's share measured on every step (the default measures every 10th, docs/probes.md "Cost")
+SNIPPET_OPTIONS = {"sgt_exact": ("sgt", {"measure_share_every_n_steps": 1})}
+
+
+def snippet(arm: str, out: Path) -> Path:
+    """The callbacks snippet of ``arm``: ``callbacks/<arm>.yaml``, or a shipped one with options changed."""
+    if arm not in SNIPPET_OPTIONS:
+        return REPO / "callbacks" / f"{arm}.yaml"
+    import yaml
+
+    base, options = SNIPPET_OPTIONS[arm]
+    config = yaml.safe_load((REPO / "callbacks" / f"{base}.yaml").read_text())
+    for cb in config["trainer"]["callbacks"]:
+        if cb["class_path"].endswith(".SuccessGatedTransfer"):
+            cb["init_args"].update(options)
+    path = out / f"{arm}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
 
 
 def run(arm: str, out: Path, steps: int, threads: int, suffix: str = "") -> Path:
     args = [sys.executable, "-m", "mrl_lightning.cli", "fit", "--config", str(REPO / "configs" / "default.yaml"),
-            "--config", str(REPO / "callbacks" / f"{arm}.yaml"), "--trainer.devices", "1",
+            "--config", str(snippet(arm, out)), "--trainer.devices", "1",
             "--trainer.placement", "colocated", "--trainer.num_threads", str(threads),
             "--trainer.max_steps", str(steps), "--trainer.eval_every_n_steps", str(steps + 1),
             "--trainer.checkpoint_every_n_steps", "0",
@@ -108,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"none_s_per_step": base, "rounds": args.rounds, "s_per_step_per_round": times, "arms": {}}
     print(f"\nsteps {args.skip + 1}-{args.steps}, 1 process x {args.threads} threads, {args.rounds} round(s); medians "
           "over rounds. 'own' = the probe's own time inside its run (exchange + compose + auxiliary loss terms)")
-    print(f"{'arm':6s} {'s/step':>7s} {'vs none (per round)':>34s} {'own s/step':>11s} {'own overhead (per round)':>34s}")
+    print(f"{'arm':11s} {'s/step':>7s} {'vs none (per round)':>34s} {'own s/step':>11s} {'own overhead (per round)':>34s}")
     for arm in args.arms:
         t = statistics.median(x[arm] for x in times)
         overheads = [x[arm] / x["none"] - 1.0 for x in times]
@@ -117,10 +139,14 @@ def main(argv: list[str] | None = None) -> int:
         row = {"s_per_step": t, "overhead": statistics.median(overheads), "overhead_per_round": overheads,
                "own_s_per_step": statistics.median(o for o, _ in parts), "own_overhead": statistics.median(owns),
                "own_overhead_per_round": owns}
-        print(f"{arm:6s} {t:7.3f} {100 * row['overhead']:+6.1f}% (" + ", ".join(f"{100 * o:+.1f}%" for o in overheads)
+        print(f"{arm:11s} {t:7.3f} {100 * row['overhead']:+6.1f}% (" + ", ".join(f"{100 * o:+.1f}%" for o in overheads)
               + f")  {row['own_s_per_step']:11.4f} {100 * row['own_overhead']:+6.1f}% ("
               + ", ".join(f"{100 * o:+.1f}%" for o in owns) + ")")
-        if arm == "sgt":
+        row["own_parts_s_per_step"] = {  # medians over rounds: SEE publishing, composing, loss terms
+            "exchange": statistics.median(mean(after(rd[arm]["train/exchange_time_s"], args.skip)) for rd in rounds),
+            **{tag: statistics.median(per_step(rd[arm], tag, args.skip) for rd in rounds) for tag in OWN_TIME_TAGS}}
+        print("       own: " + ", ".join(f"{k} {1000 * v:.1f} ms" for k, v in row["own_parts_s_per_step"].items()))
+        if arm.startswith("sgt"):
             row["transfers_per_step"] = statistics.median(per_step(rd[arm], "transfers", args.skip) for rd in rounds)
             print(f"       {row['transfers_per_step']:.1f} transfers per step")
         if arm == "prp":

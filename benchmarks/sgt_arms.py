@@ -51,7 +51,7 @@ WU_KL = {"warmup_steps": 100, "beta": 0.1}
 ARMS: dict[str, dict] = {
     "none": {"probe": "none.yaml"},
     "sgt_old": {"sgt": OLD},
-    "sgt_default": {},  # whatever configs/default.yaml + callbacks/sgt.yaml say now (the schedule, sgt_sched)
+    "sgt_default": {},  # whatever configs/default.yaml + callbacks/sgt.yaml say now (sgt_sched_fused10)
     # the default before the schedule: the share bounded at 0.3 throughout
     "sgt_fixed30": {"sgt": {**SGT_DEFAULT, "max_grad_share": 0.3}},
     # the transfer term's share of the gradient, bounded

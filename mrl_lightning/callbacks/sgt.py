@@ -283,7 +283,8 @@ class SuccessGatedTransfer(MRLCallback):
         Fused (the factor of the last measured step) when ``measure_share_every_n_steps`` > 1, a
         step has been measured, fewer than k rollout steps ago, and the policy runs on one rank
         unsharded; None (measure now) otherwise. The factor and its step are kept in
-        ``bound_state`` (``scale``, ``measured_at``), so a resumed run fuses as the uninterrupted one.
+        ``bound_state`` (``scale``, ``measured_at``; only when k > 1), so a resumed run fuses as the
+        uninterrupted one.
         """
         name = policy.policy_name
         state = self.bound_state.setdefault(name, {"level": None, "reference": None})
@@ -292,7 +293,7 @@ class SuccessGatedTransfer(MRLCallback):
             workers = getattr(ctx, "workers", None)
             if not getattr(policy, "fsdp", False) and (workers is None or workers.group_size(name) == 1):
                 fused = state["scale"]
-        return {"fused_scale": fused, "share_state": state, "step": ctx.rollout_step}
+        return {"fused_scale": fused, "share_state": state if k > 1 else None, "step": ctx.rollout_step}
 
     def _note(self, ctx, name: str, seen: set[str], solved: set[str], rescued: set[str]) -> None:
         """Add this step's prompts seen again, solved again and rescued to ``name``'s bookkeeping.
