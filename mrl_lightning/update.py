@@ -14,7 +14,8 @@
 3. the probes' auxiliary terms, each backpropagated and reduced on its own, and each term's
    share of the update bounded by its ``max_grad_share``, measured on the group-reduced
    gradients, so k ranks bound what one rank on the whole batch would
-   (:mod:`mrl_lightning.objectives.aux_share`);
+   (:mod:`mrl_lightning.objectives.aux_share`); a term with ``fused_scale`` set instead joins
+   step 1's last micro-batch, its loss times that factor (docs/probes.md, "Cost");
 4. the non-finite skip (NaN/inf gradient: no step, :func:`mrl_lightning.numerics.skip_nonfinite_update`);
 5. clipping to ``max_grad_norm``;
 6. the learning-rate warm-up and the optimizer step, counted on the policy
@@ -145,7 +146,8 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
         ratio range, grad norm, learning rate with warm-up), the auxiliary terms' (shares of
         the update, their own metrics), ``train/<p>/nonfinite_updates_skipped`` and
         ``train/<p>/aux_loss_time_s`` (seconds spent on the auxiliary terms: forward,
-        backward, reduction and bound), both summed over the iterations.
+        backward, reduction and bound; for fused terms an upper bound on their part of the
+        shared pass, :func:`_grpo_backward`), both summed over the iterations.
 
     Raises:
         NonFiniteError: too many non-finite updates in a row (:mod:`mrl_lightning.numerics`).
