@@ -231,8 +231,8 @@ def _split_fused(policy: PolicyModule, batch: TrainBatch) -> tuple[list, list]:
     (every rank must then run the same passes and reductions), where every term is measured."""
     if policy.fsdp or batch.group_terms:
         return [], list(batch.aux_losses)
-    fused = [aux for aux in batch.aux_losses
-             if getattr(aux, "fused_scale", None) is not None and aux.rows() is not None]
+    fused = [aux for aux in batch.aux_losses  # a term that defines rows (padded once, by _fused_forward)
+             if getattr(aux, "fused_scale", None) is not None and type(aux).rows is not AuxiliaryLoss.rows]
     return fused, [aux for aux in batch.aux_losses if not any(aux is f for f in fused)]
 
 

@@ -14,28 +14,14 @@ import pytest
 import torch
 
 from mrl_lightning.batch import TrainBatch
-from mrl_lightning.builders import build_policy
 from mrl_lightning.callbacks.sgt import SuccessGatedTransfer
 from mrl_lightning.data.items import PromptItem
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.exchange import SuccessRecord
 from mrl_lightning.exchange.buffer import ExperienceExchange
-from mrl_lightning.policy import PolicyModule
-from mrl_lightning.rollout import HFGenerateEngine
 from mrl_lightning.update import policy_update
 
-from test_sgt_grad_share import ADVANTAGES, FABRIC, G, L, PROMPTS, _Capture, lm_dir  # noqa: F401
-
-
-def _policy(lm_dir):
-    torch.manual_seed(1)
-    policy = PolicyModule(name="me", model=str(lm_dir), num_generations=G, max_completion_length=L,
-                          max_grad_norm=None)
-    build_policy(policy)
-    torch.manual_seed(2)
-    rollouts = HFGenerateEngine().generate(policy.model, policy.tokenizer, policy.encode_prompts(PROMPTS),
-                                           num_generations=G, max_completion_length=L)
-    return policy, rollouts
+from test_sgt_grad_share import ADVANTAGES, FABRIC, G, PROMPTS, _Capture, _policy, lm_dir  # noqa: F401
 
 
 def _step(policy, rollouts, probe, step: int, text: str = " 2", workers=None):

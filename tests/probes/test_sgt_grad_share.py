@@ -61,7 +61,8 @@ class _Capture:
                                 for p in self.params])
 
 
-def _update(lm_dir, probe: SuccessGatedTransfer | None):
+def _policy(lm_dir):
+    """The tiny policy (seeded weights) and its rollouts of ``PROMPTS`` (seeded sampling)."""
     torch.manual_seed(1)
     policy = PolicyModule(name="me", model=str(lm_dir), num_generations=G, max_completion_length=L,
                           max_grad_norm=None)
@@ -69,6 +70,11 @@ def _update(lm_dir, probe: SuccessGatedTransfer | None):
     torch.manual_seed(2)
     rollouts = HFGenerateEngine().generate(policy.model, policy.tokenizer, policy.encode_prompts(PROMPTS),
                                            num_generations=G, max_completion_length=L)
+    return policy, rollouts
+
+
+def _update(lm_dir, probe: SuccessGatedTransfer | None):
+    policy, rollouts = _policy(lm_dir)
     items = [PromptItem("p0", "1 + 2", "3", "add", {}), PromptItem("p1", "7 - 5", "2", "sub", {})]
     success = torch.tensor([[True, False, False], [False, False, False]])
     scored = SimpleNamespace(items=items, success=success, prompt_texts=PROMPTS, rollouts=rollouts,
