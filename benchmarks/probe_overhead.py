@@ -3,8 +3,7 @@
     python benchmarks/probe_overhead.py --steps 150 --rounds 3 --out runs/bench_probe_overhead
 
 Runs ``configs/default.yaml`` under each probe snippet (``callbacks/none.yaml``,
-``sgt.yaml``, ``xgrpo.yaml``, ``prp.yaml``; ``sgt_exact`` is ``sgt.yaml`` with
-``measure_share_every_n_steps: 1``), one after the other, in one process with
+``sgt.yaml``, ``xgrpo.yaml``, ``prp.yaml``), one after the other, in one process with
 ``--threads`` threads (colocated, so the step time is the sum of both policies' work and
 nothing waits on another process), same seed, no evaluation or checkpoint inside the
 timed window, and all of that ``--rounds`` times (a change of the machine's speed during
@@ -44,31 +43,12 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from mwra import after, mean, read, seconds_per_step  # noqa: E402  (benchmarks/mwra.py)
 
-ARMS = ("none", "sgt", "xgrpo", "prp", "sgt_exact")
-# arms that are a shipped snippet with changed SGT options (written to <out>/<arm>.yaml): the
-# transfer's share measured on every step (the default measures every 10th, docs/probes.md "Cost")
-SNIPPET_OPTIONS = {"sgt_exact": ("sgt", {"measure_share_every_n_steps": 1})}
-
-
-def snippet(arm: str, out: Path) -> Path:
-    """The callbacks snippet of ``arm``: ``callbacks/<arm>.yaml``, or a shipped one with options changed."""
-    if arm not in SNIPPET_OPTIONS:
-        return REPO / "callbacks" / f"{arm}.yaml"
-    import yaml
-
-    base, options = SNIPPET_OPTIONS[arm]
-    config = yaml.safe_load((REPO / "callbacks" / f"{base}.yaml").read_text())
-    for cb in config["trainer"]["callbacks"]:
-        if cb["class_path"].endswith(".SuccessGatedTransfer"):
-            cb["init_args"].update(options)
-    path = out / f"{arm}.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
+ARMS = ("none", "sgt", "xgrpo", "prp")
 
 
 def run(arm: str, out: Path, steps: int, threads: int, suffix: str = "") -> Path:
     args = [sys.executable, "-m", "mrl_lightning.cli", "fit", "--config", str(REPO / "configs" / "default.yaml"),
-            "--config", str(snippet(arm, out)), "--trainer.devices", "1",
+            "--config", str(REPO / "callbacks" / f"{arm}.yaml"), "--trainer.devices", "1",
             "--trainer.placement", "colocated", "--trainer.num_threads", str(threads),
             "--trainer.max_steps", str(steps), "--trainer.eval_every_n_steps", str(steps + 1),
             "--trainer.checkpoint_every_n_steps", "0",

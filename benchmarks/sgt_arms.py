@@ -51,7 +51,7 @@ WU_KL = {"warmup_steps": 100, "beta": 0.1}
 ARMS: dict[str, dict] = {
     "none": {"probe": "none.yaml"},
     "sgt_old": {"sgt": OLD},
-    "sgt_default": {},  # whatever configs/default.yaml + callbacks/sgt.yaml say now (sgt_sched_fused10)
+    "sgt_default": {},  # whatever configs/default.yaml + callbacks/sgt.yaml say now (= sgt_sched)
     # the default before the schedule: the share bounded at 0.3 throughout
     "sgt_fixed30": {"sgt": {**SGT_DEFAULT, "max_grad_share": 0.3}},
     # the transfer term's share of the gradient, bounded
@@ -86,11 +86,6 @@ ARMS: dict[str, dict] = {
                           "max_grad_share_ramp_steps": 1500}},
     "sgt_adapt": {"sgt": {**SGT_DEFAULT, "max_grad_share": 0.6, "max_grad_share_low": 0.2, "adaptive_drop": 0.1,
                           "adaptive_ema": 0.05, "adaptive_reference_steps": 100}},
-    # the share measured every 10th step, the demos joining the GRPO pass between (docs/probes.md, "Cost"),
-    # on the fixed bound and on the schedule
-    "sgt_fused10": {"sgt": {**SGT_DEFAULT, "max_grad_share": 0.3, "measure_share_every_n_steps": 10}},
-    "sgt_sched_fused10": {"sgt": {**SGT_DEFAULT, "max_grad_share": 0.3, "max_grad_share_final": 0.6,
-                                  "max_grad_share_ramp_steps": 1500, "measure_share_every_n_steps": 10}},
 }
 
 

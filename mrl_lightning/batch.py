@@ -56,43 +56,23 @@ class AuxiliaryLoss:
     """A loss term a probe adds to a policy's step (SGT's transfer term, PRP's peer term).
 
     Called once per inner iteration of the update (:mod:`mrl_lightning.update`), after the
-    GRPO backward; its gradient is kept apart so that its share of the update is logged
-    and bounded (:mod:`mrl_lightning.objectives.aux_share`).
+    GRPO backward; it runs its own forward over its own rows, and its gradient is kept apart
+    so that its share of the update is measured, logged and bounded on every step
+    (:mod:`mrl_lightning.objectives.aux_share`).
 
     Attributes:
         name: Short name; metrics go under ``probe/<name>/<policy>/``. Terms of one name are
             summed before their share is measured.
         max_grad_share: Bound in (0, 1) on the term's share of the update,
             ``||g_term|| / (||g_grpo|| + ||g_term||)``; None = no bound.
-        fused_scale: None (the default) = the term is backpropagated on its own and its share
-            measured and bounded this step. A float = the term's rows (:meth:`rows`) join the
-            last GRPO micro-batch's forward and backward and its loss (:meth:`loss_from_logprobs`)
-            is added times this factor, with no share measured (SGT's
-            ``measure_share_every_n_steps``, docs/probes.md "Cost"). Only terms that define
-            :meth:`rows` may set it.
+        grad_share_floor: The least GRPO gradient norm the bound is measured against
+            (``max(||g_grpo||, floor)``); None = the GRPO gradient's own norm, so the share of
+            the applied update never exceeds the bound (docs/probes.md, "Bound").
     """
 
     name: str = "aux"
     max_grad_share: float | None = None
-    fused_scale: float | None = None
-
-    def rows(self) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
-        """The term's sequences for a shared forward, or None when it has none to share.
-
-        Returns:
-            ``(prompt_ids [M, P] int64 left-padded, prompt_mask [M, P] bool, completion_ids
-            [M, L] int64, completion_mask [M, L] bool)`` on the CPU.
-        """
-        return None
-
-    def loss_from_logprobs(self, policy: PolicyModule, logp: Tensor, completion_mask: Tensor,
-                           totals: dict[str, float]) -> tuple[Tensor, dict[str, float]]:
-        """The term's loss from its rows' log-probs (``[M, L]`` float32 nats, with grad), as ``__call__``
-        returns it; ``completion_mask`` ``[M, L]`` bool. Needed by terms that define :meth:`rows`."""
-        raise NotImplementedError(f"{type(self).__name__} defines no loss_from_logprobs")
-
-    def note_scale(self, scale: float) -> None:
-        """Told the factor ``s_k`` the share bound gave this term when it was measured (default: ignored)."""
+    grad_share_floor: float | None = None
 
     def __call__(self, policy: PolicyModule, model, totals: dict[str, float]) -> tuple[Tensor, dict[str, float]]:
         """The term's scalar loss (already weighted) and metrics to log.
@@ -122,9 +102,9 @@ class TrainBatch:
             probes composed the batch and before the update; None until then (= ``counts``
             on one rank). Losses divide by these, so k data-parallel ranks give the
             gradient of one rank on the whole batch.
-        group_terms: ``(name, max_grad_share)`` of the auxiliary terms on any of the
-            policy's ranks, in one order, set by the loop with ``group_counts`` on a group of
-            several ranks (each rank then reduces every term's gradient, also one it has
+        group_terms: ``(name, max_grad_share, grad_share_floor)`` of the auxiliary terms on any
+            of the policy's ranks, in one order, set by the loop with ``group_counts`` on a group
+            of several ranks (each rank then reduces every term's gradient, also one it has
             none of); None = this rank's terms.
     """
 
@@ -134,7 +114,7 @@ class TrainBatch:
     metrics: dict[str, float] = field(default_factory=dict)
     counts: dict[str, float] = field(default_factory=dict)
     group_counts: dict[str, float] | None = None
-    group_terms: list[tuple[str, float | None]] | None = None
+    group_terms: list[tuple[str, float | None, float | None]] | None = None
 
     def total(self, key: str) -> float:
         """``group_counts[key]`` once summed over the group, else this rank's ``counts[key]``."""

@@ -11,8 +11,8 @@ plain ``float``    mean                                       mean
                    by the group's totals)
 :class:`Mean`      mean weighted by its ``weight`` (rates     mean
                    over tokens, sequences, prompts)
-:class:`Max`       max                                        mean
-:class:`Min`       min                                        mean
+:class:`Max`       max                                        max
+:class:`Min`       min                                        min
 :class:`Moments`   recomputed from pooled n, sum, sum of      mean
                    squares (a std, Bessel-corrected)
 :class:`Ratio`     pooled numerator over pooled denominator   mean
@@ -200,7 +200,9 @@ def combine_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
 
 
 def window_reduce(steps: list[dict[str, float]]) -> dict[str, float]:
-    """A log window's metrics: each tag's mean over the steps that report it (:class:`Global`: the last).
+    """A log window's metrics: each tag's mean over the steps that report it; a :class:`Max` the
+    largest, a :class:`Min` the smallest of those steps (a bound must show its worst step), a
+    :class:`Global` the last.
 
     Args:
         steps: The window's per-step metrics (already combined over ranks), oldest first.
@@ -212,5 +214,15 @@ def window_reduce(steps: list[dict[str, float]]) -> dict[str, float]:
     for metrics in steps:
         for key, value in metrics.items():
             values.setdefault(key, []).append(value)
-    return {key: float(vals[-1]) if isinstance(vals[-1], Global) else sum(vals) / len(vals)
-            for key, vals in values.items()}
+    out = {}
+    for key, vals in values.items():
+        last = vals[-1]
+        if isinstance(last, Global):
+            out[key] = float(last)
+        elif isinstance(last, Max):
+            out[key] = float(max(vals))
+        elif isinstance(last, Min):
+            out[key] = float(min(vals))
+        else:
+            out[key] = sum(vals) / len(vals)
+    return out

@@ -14,8 +14,8 @@
 3. the probes' auxiliary terms, each backpropagated and reduced on its own, and each term's
    share of the update bounded by its ``max_grad_share``, measured on the group-reduced
    gradients, so k ranks bound what one rank on the whole batch would
-   (:mod:`mrl_lightning.objectives.aux_share`); a term with ``fused_scale`` set instead joins
-   step 1's last micro-batch, its loss times that factor (docs/probes.md, "Cost");
+   (:mod:`mrl_lightning.objectives.aux_share`); each term runs its own forward over its own
+   rows only (SGT's few demos), so the bound is exact on every step (docs/probes.md, "Cost");
 4. the non-finite skip (NaN/inf gradient: no step, :func:`mrl_lightning.numerics.skip_nonfinite_update`);
 5. clipping to ``max_grad_norm``;
 6. the learning-rate warm-up and the optimizer step, counted on the policy
@@ -146,8 +146,7 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
         ratio range, grad norm, learning rate with warm-up), the auxiliary terms' (shares of
         the update, their own metrics), ``train/<p>/nonfinite_updates_skipped`` and
         ``train/<p>/aux_loss_time_s`` (seconds spent on the auxiliary terms: forward,
-        backward, reduction and bound; for fused terms an upper bound on their part of the
-        shared pass, :func:`_grpo_backward`), both summed over the iterations.
+        backward, reduction and bound), both summed over the iterations.
 
     Raises:
         NonFiniteError: too many non-finite updates in a row (:mod:`mrl_lightning.numerics`).
@@ -180,17 +179,15 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
     totals = batch.group_counts if batch.group_counts is not None else batch.counts
     aux_key, skip_key = f"train/{p}/aux_loss_time_s", f"train/{p}/nonfinite_updates_skipped"
     metrics[aux_key], metrics[skip_key] = 0.0, 0.0
-    fused, measured = _split_fused(policy, batch)
     for iteration in range(policy.num_iterations):
         optimizer.zero_grad(set_to_none=True)
         metrics.update(_grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_weights,
-                                      entropy=iteration == 0, fused=fused, totals=totals))
-        metrics[aux_key] += metrics.pop("_fused_time_s", 0.0)
+                                      entropy=iteration == 0))
         params = trainable(policy)
         reduce(params)
-        if measured or batch.group_terms:  # a rank without a term still reduces the group's terms
+        if batch.aux_losses or batch.group_terms:  # a rank without a term still reduces the group's terms
             t0 = time.perf_counter()
-            terms = _with_empty_shares(policy, batch, measured)
+            terms = _with_empty_shares(policy, batch, batch.aux_losses)
             metrics.update(backward_aux_losses(terms, policy, model, fabric.backward, params,
                                                tag=lambda term: f"probe/{term}/{p}", totals=totals, reduce=reduce,
                                                terms=batch.group_terms))
@@ -205,8 +202,8 @@ class _EmptyShare(AuxiliaryLoss):
     """A term another rank of a sharded policy's group has and this one does not: a forward and a
     backward of weight 0 on one padding token, so that this rank runs the same FSDP collectives."""
 
-    def __init__(self, name: str, max_grad_share: float | None) -> None:
-        self.name, self.max_grad_share = name, max_grad_share
+    def __init__(self, name: str, max_grad_share: float | None, grad_share_floor: float | None = None) -> None:
+        self.name, self.max_grad_share, self.grad_share_floor = name, max_grad_share, grad_share_floor
 
     def __call__(self, policy, model, totals):
         pad = torch.full((1, 1), policy.tokenizer.pad_token_id, dtype=torch.long)
@@ -222,54 +219,16 @@ def _with_empty_shares(policy: PolicyModule, batch: TrainBatch, terms: list) -> 
     if not policy.fsdp or not batch.group_terms:
         return terms
     mine = {aux.name for aux in terms}
-    return list(terms) + [_EmptyShare(name, bound) for name, bound in batch.group_terms if name not in mine]
+    return list(terms) + [_EmptyShare(name, bound, floor) for name, bound, floor in batch.group_terms
+                          if name not in mine]
 
 
-def _split_fused(policy: PolicyModule, batch: TrainBatch) -> tuple[list, list]:
-    """The batch's auxiliary terms as ``(fused, measured)``: a term with ``fused_scale`` set and rows
-    to share joins the last GRPO micro-batch, unless the policy is sharded or on several ranks
-    (every rank must then run the same passes and reductions), where every term is measured."""
-    if policy.fsdp or batch.group_terms:
-        return [], list(batch.aux_losses)
-    fused = [aux for aux in batch.aux_losses  # a term that defines rows (padded once, by _fused_forward)
-             if getattr(aux, "fused_scale", None) is not None and type(aux).rows is not AuxiliaryLoss.rows]
-    return fused, [aux for aux in batch.aux_losses if not any(aux is f for f in fused)]
-
-
-def _join_rows(own: tuple[Tensor, ...], extra: list[tuple[Tensor, ...]], pad_id: int) -> tuple[Tensor, ...]:
-    """Rows of one forward: ``own`` (``[m, P]`` prompts left-padded, ``[m, L]`` completions) then each
-    of ``extra``, prompts left-padded and completions right-padded to the widest."""
-    parts = [own] + extra
-    width_p = max(part[0].shape[1] for part in parts)
-    width_c = max(part[2].shape[1] for part in parts)
-    device = own[0].device
-
-    def fit(t: Tensor, width: int, left: bool, fill) -> Tensor:
-        t = t.to(device)
-        pad = torch.full((t.shape[0], width - t.shape[1]), fill, dtype=t.dtype, device=device)
-        return torch.cat([pad, t] if left else [t, pad], dim=1)
-
-    return (torch.cat([fit(x[0], width_p, True, pad_id) for x in parts]),
-            torch.cat([fit(x[1], width_p, True, False) for x in parts]),
-            torch.cat([fit(x[2], width_c, False, pad_id) for x in parts]),
-            torch.cat([fit(x[3], width_c, False, False) for x in parts]))
-
-
-def _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_weights, entropy: bool,
-                   fused: list | None = None, totals: dict | None = None) -> dict:
+def _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_weights, entropy: bool) -> dict:
     """Step 1: the GRPO loss forward and backward per micro-batch; returns its metrics.
 
     Loss parts are divided by the group's totals, so they sum to the group's loss
     (:class:`~mrl_lightning.metrics.Sum`); the clip ratios, KL and entropy are means over
     this rank's counted tokens (:class:`~mrl_lightning.metrics.Mean` weighted by them).
-
-    ``fused`` terms (:attr:`~mrl_lightning.batch.AuxiliaryLoss.fused_scale` set) add their rows
-    to the last micro-batch's forward and ``fused_scale * loss`` to its loss, one backward for
-    both. Their metrics come back with ``<prefix>/grad_scale`` (the factor used) and
-    ``<prefix>/share_measured`` 0, and ``_fused_time_s``: the padding, their losses, and of
-    the shared pass the part of its token positions (:func:`_pass_tokens`, padding included)
-    that the GRPO rows alone would not have had; with a cost per position plus a fixed cost
-    per pass, that part bounds their marginal cost from above.
     """
     r, p = batch.scored.rollouts, policy.policy_name
     advantages = batch.advantages.reshape(r.completion_ids.shape[0]).to(r.old_logprobs.device)
@@ -279,14 +238,8 @@ def _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_
     local_tokens = float(mask.sum().clamp(min=1))
     sums = {"loss": 0.0, "kl": 0.0, "clip_low": 0.0, "clip_high": 0.0, "entropy": 0.0}
     ratios: list[float] = []
-    fused_metrics: dict[str, float] = {}
-    for i, sl in enumerate(slices):
-        extra_loss, t0 = None, time.perf_counter()
-        if fused and i == len(slices) - 1:
-            logp, ent, extra_loss, fused_metrics = _fused_forward(policy, batch, model, sl, fused, totals or {},
-                                                                  entropy)
-        else:
-            logp, ent = logprobs(sl, model, entropy=entropy)
+    for sl in slices:
+        logp, ent = logprobs(sl, model, entropy=entropy)
         out = grpo_loss(
             logp, r.old_logprobs[sl], advantages[sl], mask[sl], loss_type=policy.loss_type,
             epsilon=policy.epsilon, epsilon_high=policy.epsilon_high, beta=policy.beta,
@@ -295,13 +248,7 @@ def _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_
             num_sequences=n_seq, num_tokens=n_tokens,
             sampler_weights=None if sampler_weights is None else sampler_weights[sl],
         )
-        if extra_loss is None:
-            fabric.backward(out.loss)
-        else:
-            fabric.backward(out.loss + extra_loss)
-            own_s = fused_metrics["_fused_time_s"]  # padding and the terms' losses; then their part of the pass
-            fused_metrics["_fused_time_s"] = own_s + (time.perf_counter() - t0 - own_s) * fused_metrics.pop(
-                "_fused_grid_share")
+        fabric.backward(out.loss)
         share = float(mask[sl].sum()) / local_tokens
         sums["loss"] += float(out.loss.detach())
         sums["clip_low"] += float(masked_mean(out.clipped_low.float(), mask[sl])) * share
@@ -324,53 +271,7 @@ def _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_
         out_metrics[f"train/{p}/kl_nats"] = Mean(sums["kl"], weight)
     if entropy:
         out_metrics[f"train/{p}/entropy_nats"] = Mean(sums["entropy"], weight)
-    out_metrics.update(fused_metrics)
     return out_metrics
-
-
-def _pass_tokens(prompt_ids: Tensor, prompt_mask: Tensor, width: int, shared: bool) -> int:
-    """Token positions a forward over these rows computes (:func:`~mrl_lightning.forward.completion_logits`):
-    each distinct prompt row once plus every row's completion width when ``shared``, else every row
-    over prompt + completion."""
-    n, p = prompt_ids.shape
-    if not shared:
-        return n * (p + width)
-    distinct = torch.unique(torch.cat([prompt_ids, prompt_mask.long()], dim=1), dim=0).shape[0]
-    return distinct * p + n * width
-
-
-def _fused_forward(policy, batch, model, sl, fused: list, totals: dict, entropy: bool):
-    """The last micro-batch's forward with the ``fused`` terms' rows appended.
-
-    Returns:
-        ``([m, L] GRPO rows' log-probs, [m, L] entropy or None, the terms' scaled loss summed,
-        their metrics with "_fused_time_s" (padding and losses) and "_fused_grid_share")``.
-    """
-    t0 = time.perf_counter()
-    r = batch.scored.rollouts
-    own = (r.prompt_ids[sl], r.prompt_mask[sl], r.completion_ids[sl], r.completion_mask[sl])
-    extra = [aux.rows() for aux in fused]
-    p_ids, p_mask, c_ids, c_mask = _join_rows(own, extra, policy.tokenizer.pad_token_id)
-    prep = time.perf_counter() - t0
-    logp, ent = policy.completion_logprobs(p_ids, p_mask, c_ids, c_mask, model=model, with_entropy=entropy)
-    t1 = time.perf_counter()
-    m, length = own[2].shape
-    loss, metrics, start = None, {}, m
-    for aux, rows in zip(fused, extra):
-        stop = start + rows[2].shape[0]
-        term, term_metrics = aux.loss_from_logprobs(policy, logp[start:stop, : rows[2].shape[1]],
-                                                    rows[3].to(logp.device), dict(totals))
-        term = term * aux.fused_scale
-        loss = term if loss is None else loss + term
-        metrics.update(term_metrics)
-        prefix = f"probe/{aux.name}/{policy.policy_name}"
-        metrics[f"{prefix}/grad_scale"], metrics[f"{prefix}/share_measured"] = aux.fused_scale, 0.0
-        start = stop
-    metrics["_fused_time_s"] = prep + time.perf_counter() - t1
-    shared = policy.share_prompt_forward and not (policy.gradient_checkpointing or policy.fsdp)
-    alone = _pass_tokens(own[0], own[1], length, shared)
-    metrics["_fused_grid_share"] = max(0.0, 1.0 - alone / _pass_tokens(p_ids, p_mask, c_ids.shape[1], shared))
-    return logp[:m, :length], None if ent is None else ent[:m, :length], loss, metrics
 
 
 def _clip_and_step(policy, params, model, fabric, optimizer, skipped: bool, metrics: dict) -> float:

@@ -13,7 +13,13 @@ share the receiver then solved on-policy at least once; not logged until a rescu
 has been seen again, since it has no value before), ``retokenize_failures``. When SEE also
 publishes RolloutRecords, each transferred success is mapped with its source tokens and
 log-probs and the THL residual of the transferred batch is logged under
-``thl/sgt/<policy>/``.
+``thl/sgt/<policy>/``. On every step with a transfer the update logs the transfer's share
+of the gradient it applied (``grad_share``, its window maximum ``grad_share_max``,
+``grad_share_raw`` before the bound, ``grad_share_bound``; :mod:`mrl_lightning.objectives.aux_share`).
+
+A prompt drawn twice in one step is rescued once per policy, also when its draws sit on
+different ranks of the policy's group (the first eligible draw in batch order, as one rank
+would choose).
 
 State (checkpointed, and merged over worker processes by :meth:`merge_rank_states`): per
 policy, the prompts rescued so far, those seen again after a rescue, and those of them
@@ -31,7 +37,8 @@ from mrl_lightning.callbacks.base import MRLCallback
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.exchange import RolloutRecord, SuccessRecord
 from mrl_lightning.probes.ledger import RescueLedger, merge_ledger_states
-from mrl_lightning.probes.sgt import ShareBound, rescue_set, transfer_group_advantages
+from mrl_lightning.probes.sgt import (ShareBound, eligible_rows, first_eligible_draws, rescue_set,
+                                      transfer_group_advantages)
 from mrl_lightning.callbacks.rescue_control import note_rescue_control
 from mrl_lightning.callbacks.sgt_terms import _SGTGroupLoss, _SGTTransferLoss, pack_ids, unpack_ids
 from mrl_lightning.metrics import Mean, Sum
@@ -71,14 +78,14 @@ class SuccessGatedTransfer(MRLCallback):
         adaptive_drop: The relative strong-part drop at which the bound reaches ``max_grad_share_low``.
         adaptive_ema: Moving-average rate of the strong-part success the adaptive bound follows.
         adaptive_reference_steps: Steps over which the strong part's reference is taken.
-        measure_share_every_n_steps: k. 1 = the transfer term gets its own forward and backward
-            on every step, so its share is measured and bounded exactly each step. k > 1 = it does
-            on the first step with demos and then every k-th rollout step; on the steps between,
-            the demos join the last GRPO micro-batch (one forward and backward, none of their
-            own) and their loss is multiplied by the factor the bound gave at the last measured
-            step, so the share on those steps is the measured step's, not bounded anew
-            (docs/probes.md, "Cost"). A policy on several ranks or sharded with FSDP is
-            measured every step whatever k is.
+        grad_share_floor: The least GRPO gradient norm (L2, the units of ``max_grad_norm``) the
+            bound is measured against: the transfer is scaled to at most
+            ``b / (1 - b) * max(||g_grpo||, floor)``. None (the default) = strict: the transfer's
+            share of the applied update is at most the bound on every step, and a step on which
+            every group's rewards tie (GRPO gradient 0, with ``beta`` 0) gets no transfer. A
+            floor lets such steps (the regime rescue is for) still transfer, at the size of a
+            typical GRPO step; their share of the applied update is then above the bound, and
+            ``probe/sgt/<p>/grad_share_floor_active`` says so (docs/probes.md, "Bound").
         transfer_mode: ``"nll"``: the transfer term ``lambda * A_plus * mean NLL`` over the
             step's demos (:func:`~mrl_lightning.probes.sgt.sgt_loss`). ``"group"``: each demo
             joins its prompt's group as an extra sample with its combined reward (every reward
@@ -108,7 +115,7 @@ class SuccessGatedTransfer(MRLCallback):
         adaptive_drop: float = 0.1,
         adaptive_ema: float = 0.05,
         adaptive_reference_steps: int = 50,
-        measure_share_every_n_steps: int = 1,
+        grad_share_floor: float | None = None,
     ) -> None:
         errors = []
         if lambda_sgt < 0 or any(v < 0 for v in (lambda_per_policy or {}).values()):
@@ -122,10 +129,12 @@ class SuccessGatedTransfer(MRLCallback):
         if max_grad_share is not None and not 0.0 < max_grad_share < 1.0:
             errors.append(f"SuccessGatedTransfer.max_grad_share={max_grad_share} must be in (0, 1) (a share of "
                           "the update, e.g. 0.5) or null for no bound.")
-        if isinstance(measure_share_every_n_steps, bool) or not isinstance(measure_share_every_n_steps, int) \
-                or measure_share_every_n_steps < 1:
-            errors.append(f"SuccessGatedTransfer.measure_share_every_n_steps={measure_share_every_n_steps!r} must be "
-                          "an integer >= 1 (1 = measure the transfer's share on every step).")
+        if grad_share_floor is not None and not grad_share_floor >= 0:
+            errors.append(f"SuccessGatedTransfer.grad_share_floor={grad_share_floor!r} must be >= 0 (a gradient norm, "
+                          "e.g. the median of probe/sgt/<p>/grpo_grad_norm) or null for the strict bound.")
+        if grad_share_floor is not None and max_grad_share is None:
+            errors.append("SuccessGatedTransfer.grad_share_floor is set but max_grad_share is null: the floor is "
+                          "what the bound is measured against; set max_grad_share, or grad_share_floor: null.")
         if transfer_mode not in TRANSFER_MODES:
             errors.append(f"SuccessGatedTransfer.transfer_mode={transfer_mode!r}; valid: {list(TRANSFER_MODES)}.")
         try:
@@ -141,7 +150,8 @@ class SuccessGatedTransfer(MRLCallback):
         self.advantage_plus, self.kappa = advantage_plus, kappa
         self.max_transfers_per_prompt, self.max_staleness = max_transfers_per_prompt, max_staleness
         self.receivers = receivers
-        self.measure_share_every_n_steps = measure_share_every_n_steps
+        self.grad_share_floor = grad_share_floor
+        self._local: set[str] | None = None  # the receivers this rank updates (setup); None = all
         self.rescued: dict[str, set[str]] = {}
         self.seen_after_rescue: dict[str, set[str]] = {}
         self.solved_after_rescue: dict[str, set[str]] = {}
@@ -204,7 +214,8 @@ class SuccessGatedTransfer(MRLCallback):
             peer.setdefault(rec.prompt_id, []).append(rec.completion_text)
             source_of.setdefault((rec.prompt_id, rec.completion_text), rec.source)
             reward_of.setdefault((rec.prompt_id, rec.completion_text), float(rec.reward))
-        chosen = rescue_set(own, prompt_ids, peer, self.kappa, self.max_transfers_per_prompt)
+        chosen = rescue_set(own, prompt_ids, peer, self.kappa, self.max_transfers_per_prompt,
+                            rows=self._group_rows(ctx, name, own, prompt_ids, peer))
         traces_by_key = self._source_traces(ctx, chosen, items, source_of)
         demos, traces, failures = [], [], 0
         demo_rows: dict[int, list[float]] = {}  # row -> its demos' verifier rewards, in demo order
@@ -241,10 +252,10 @@ class SuccessGatedTransfer(MRLCallback):
             _, combined, _ = system.score(texts, [items[b] for b in rows for _ in demo_texts[b]])
             it = iter(combined.tolist())
             demo_rows = {b: [next(it) for _ in demo_texts[b]] for b in rows}
-            self._join_groups(policy, batch, demos, demo_rows, weight, tag, bound, self._fusing(ctx, policy))
+            self._join_groups(policy, batch, demos, demo_rows, weight, tag, bound)
         elif demos and weight > 0:
             batch.aux_losses.append(_SGTTransferLoss(demos, weight, self.advantage_plus, tag, bound,
-                                                     policy.tokenizer.pad_token_id, **self._fusing(ctx, policy)))
+                                                     policy.tokenizer.pad_token_id, self.grad_share_floor))
         batch.counts["sgt_demos"] = float(len(demos) if weight > 0 else 0)
         batch.metrics.update({
             f"{tag}/rescue_set_size": Sum(len(chosen)), f"{tag}/transfers": Sum(len(demos)),
@@ -277,23 +288,21 @@ class SuccessGatedTransfer(MRLCallback):
             batch.metrics[f"{tag}/grad_share_bound"] = value
         return value
 
-    def _fusing(self, ctx, policy) -> dict[str, Any]:
-        """The transfer term's ``fused_scale`` for this step and where it records a measured one.
+    def setup(self, ctx, system, datamodule) -> None:
+        """Note the receivers this rank updates: its checkpoint state holds their bound state only."""
+        workers = getattr(ctx, "workers", None)
+        self._local = set(workers.local_policies) if workers is not None else None
 
-        Fused (the factor of the last measured step) when ``measure_share_every_n_steps`` > 1, a
-        step has been measured, fewer than k rollout steps ago, and the policy runs on one rank
-        unsharded; None (measure now) otherwise. The factor and its step are kept in
-        ``bound_state`` (``scale``, ``measured_at``; only when k > 1), so a resumed run fuses as the
-        uninterrupted one.
-        """
-        name = policy.policy_name
-        state = self.bound_state.setdefault(name, {"level": None, "reference": None})
-        k, fused = self.measure_share_every_n_steps, None
-        if k > 1 and state.get("scale") is not None and ctx.rollout_step - state["measured_at"] < k:
-            workers = getattr(ctx, "workers", None)
-            if not getattr(policy, "fsdp", False) and (workers is None or workers.group_size(name) == 1):
-                fused = state["scale"]
-        return {"fused_scale": fused, "share_state": state if k > 1 else None, "step": ctx.rollout_step}
+    def _group_rows(self, ctx, name: str, own, prompt_ids: list[str], peer) -> set[int] | None:
+        """On a group of several ranks, the rows of this rank's shard that may be rescued: a prompt drawn
+        twice in the step is rescued once per group, at its first eligible draw in batch order
+        (:func:`~mrl_lightning.probes.sgt.first_eligible_draws`); None on one rank (``rescue_set``
+        de-duplicates alone)."""
+        workers = getattr(ctx, "workers", None)
+        if workers is None or workers.group_size(name) == 1:
+            return None
+        mine = list(zip(prompt_ids, eligible_rows(own, prompt_ids, peer, self.kappa)))
+        return first_eligible_draws(workers.group_gather(name, mine))[workers.group_index(name)]
 
     def _note(self, ctx, name: str, seen: set[str], solved: set[str], rescued: set[str]) -> None:
         """Add this step's prompts seen again, solved again and rescued to ``name``'s bookkeeping.
@@ -311,7 +320,7 @@ class SuccessGatedTransfer(MRLCallback):
         self.rescued[name] |= rescued
 
     def _join_groups(self, policy, batch, demos, demo_rows: dict[int, list[float]], weight: float, tag: str,
-                     bound: float | None, fusing: dict[str, Any]) -> None:
+                     bound: float | None) -> None:
         """``transfer_mode: group``: the demos join their prompts' groups as extra samples.
 
         The rescued rows' own advantages are replaced by those over the group of own + demos
@@ -329,7 +338,7 @@ class SuccessGatedTransfer(MRLCallback):
         batch.counts["tokens"] = batch.counts.get("tokens", 0.0) + float(sum(len(c) for _, c in demos))
         flat = torch.cat(demo_adv)
         batch.aux_losses.append(_SGTGroupLoss(demos, flat, weight, tag, bound, policy.tokenizer.pad_token_id,
-                                              **fusing))
+                                              self.grad_share_floor))
         batch.metrics[f"{tag}/transfer_advantage_mean"] = Mean(float(flat.mean()), len(flat))
 
     @staticmethod
@@ -347,12 +356,13 @@ class SuccessGatedTransfer(MRLCallback):
     def state_dict(self) -> dict[str, Any]:
         """Per policy, the prompt ids of ``rescued``, ``seen_after_rescue``, ``solved_after_rescue``,
         each set packed by :func:`pack_ids` (these sets grow to every prompt of a task: packed,
-        ~3.4 bytes an id in a checkpoint instead of ~18)."""
+        ~3.4 bytes an id in a checkpoint instead of ~18); the control's ledger; and the bound's
+        state of the receivers this rank updates (the adaptive bound's level and reference)."""
         return {"rescued": {k: pack_ids(v) for k, v in self.rescued.items()},
                 "seen_after_rescue": {k: pack_ids(v) for k, v in self.seen_after_rescue.items()},
                 "solved_after_rescue": {k: pack_ids(v) for k, v in self.solved_after_rescue.items()},
                 "ledger": self.ledger.state_dict(),
-                "bound": {k: dict(v) for k, v in self.bound_state.items()}}
+                "bound": {k: dict(v) for k, v in self.bound_state.items() if self._local is None or k in self._local}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s sets. A state without ``seen_after_rescue`` (written
@@ -364,14 +374,18 @@ class SuccessGatedTransfer(MRLCallback):
         self.ledger = RescueLedger()
         if "ledger" in state_dict:  # written before the control was kept: it starts empty
             self.ledger.load_state_dict(state_dict["ledger"])
-        self.bound_state = {k: dict(v) for k, v in state_dict.get("bound", {}).items()}
+        # "scale" / "measured_at" of a checkpoint written with the removed measure_share_every_n_steps are dropped
+        self.bound_state = {k: {key: v[key] for key in ("level", "reference") if key in v}
+                            for k, v in state_dict.get("bound", {}).items()}
 
     def merge_rank_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
         """One state from this callback's :meth:`state_dict` on several worker processes.
 
         Each worker sees only some policies, or some prompts of one policy, so per policy
         the merged ``rescued``, ``seen_after_rescue`` and ``solved_after_rescue`` are the
-        unions of the workers' sets. Pure: neither ``states`` nor ``self`` is changed.
+        unions of the workers' sets. The bound's state (``bound``) is per receiver and taken from
+        the workers that update that receiver (they hold equal copies; :meth:`state_dict` writes
+        only the receivers its rank updates). Pure: neither ``states`` nor ``self`` is changed.
 
         Args:
             states: ``state_dict()`` of every worker (older states without
@@ -402,5 +416,7 @@ class SuccessGatedTransfer(MRLCallback):
         out = {key: {policy: pack_ids(prompts) for policy, prompts in per_policy.items()}
                for key, per_policy in merged.items()}
         out["ledger"] = merge_ledger_states([state["ledger"] for state in states if "ledger" in state])
-        out["bound"] = {k: v for state in states for k, v in state.get("bound", {}).items()}  # per receiver
+        # per receiver, from the ranks that update it (each rank's state holds only its own receivers, so a
+        # copy another rank loaded at a resume and never updated cannot overwrite the live one)
+        out["bound"] = {k: v for state in states for k, v in state.get("bound", {}).items()}
         return out

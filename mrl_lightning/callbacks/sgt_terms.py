@@ -42,38 +42,36 @@ def _demo_nll(logp: torch.Tensor, c_mask: torch.Tensor) -> Mean:
 
 
 class _DemoTerm(AuxiliaryLoss):
-    """An SGT term over the receiver's demos: its own forward (``__call__``) or rows of a shared one
-    (:meth:`rows`, when the update fuses it); after a measured step it records the bound's factor in
-    ``share_state`` (``scale``, ``measured_at`` = the rollout step) for the fused steps that follow."""
+    """An SGT term over the receiver's demos: a forward and backward of its own over the demo rows only
+    (the step's few transferred successes, not the GRPO batch), so that its gradient, and with it the
+    share bound, is exact on every step (docs/probes.md, "Cost")."""
 
     name = "sgt"
 
-    def __init__(self, demos, tag: str, max_grad_share: float | None, pad_id: int, fused_scale: float | None = None,
-                 share_state: dict | None = None, step: int = 0) -> None:
+    def __init__(self, demos, tag: str, max_grad_share: float | None, pad_id: int,
+                 grad_share_floor: float | None = None) -> None:
         self.demos, self.tag, self.max_grad_share, self.pad_id = demos, tag, max_grad_share, pad_id
-        self.fused_scale, self.share_state, self.step = fused_scale, share_state, step
-
-    def rows(self):
-        return pad_demos(self.demos, self.pad_id)
+        self.grad_share_floor = grad_share_floor
 
     def __call__(self, policy, model, totals: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
-        p_ids, p_mask, c_ids, c_mask = self.rows()
+        p_ids, p_mask, c_ids, c_mask = pad_demos(self.demos, self.pad_id)
         device = next(policy.model.parameters()).device
         logp, _ = policy.completion_logprobs(p_ids.to(device), p_mask.to(device), c_ids.to(device),
                                              c_mask.to(device), model=model)
         return self.loss_from_logprobs(policy, logp, c_mask.to(device), totals)
 
-    def note_scale(self, scale: float) -> None:
-        if self.share_state is not None:
-            self.share_state["scale"], self.share_state["measured_at"] = float(scale), int(self.step)
+    def loss_from_logprobs(self, policy, logp: torch.Tensor, completion_mask: torch.Tensor,
+                           totals: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
+        """The term's loss from the demos' ``[M, L]`` float32 log-probs (nats) under their ``[M, L]`` bool mask."""
+        raise NotImplementedError(f"{type(self).__name__} must implement loss_from_logprobs")
 
 
 class _SGTTransferLoss(_DemoTerm):
     """``transfer_mode: nll``: ``lambda * A_plus * mean NLL`` over the demos of every rank (:func:`sgt_loss`)."""
 
     def __init__(self, demos, lambda_sgt: float, advantage_plus: float, tag: str,
-                 max_grad_share: float | None, pad_id: int, **fused) -> None:
-        super().__init__(demos, tag, max_grad_share, pad_id, **fused)
+                 max_grad_share: float | None, pad_id: int, grad_share_floor: float | None = None) -> None:
+        super().__init__(demos, tag, max_grad_share, pad_id, grad_share_floor)
         self.lambda_sgt, self.advantage_plus = lambda_sgt, advantage_plus
 
     def loss_from_logprobs(self, policy, logp, completion_mask, totals):
@@ -86,8 +84,8 @@ class _SGTGroupLoss(_DemoTerm):
     """``transfer_mode: group``: the demos as extra GRPO samples (:func:`sgt_group_loss`)."""
 
     def __init__(self, demos, advantages: torch.Tensor, lambda_sgt: float, tag: str,
-                 max_grad_share: float | None, pad_id: int, **fused) -> None:
-        super().__init__(demos, tag, max_grad_share, pad_id, **fused)
+                 max_grad_share: float | None, pad_id: int, grad_share_floor: float | None = None) -> None:
+        super().__init__(demos, tag, max_grad_share, pad_id, grad_share_floor)
         self.advantages, self.lambda_sgt = advantages, lambda_sgt
 
     def loss_from_logprobs(self, policy, logp, completion_mask, totals):

@@ -249,14 +249,15 @@ class Workers:
         per_rank = self.all_gather(window, "metrics")
         return [combine_metrics([rank[i] for rank in per_rank]) for i in range(len(window))]
 
-    def group_terms(self, policy: str, terms: list[tuple[str, float | None]]) -> list[tuple[str, float | None]]:
-        """The auxiliary-term names (and bounds) of ``policy`` on any rank of its group, in rank order of first
-        appearance, so every rank of the group reduces the same terms in the same order."""
-        out: dict[str, float | None] = {}
+    def group_terms(self, policy: str, terms: list[tuple]) -> list[tuple]:
+        """The auxiliary-term names (with their bound and floor: ``(name, *spec)``) of ``policy`` on any rank
+        of its group, in rank order of first appearance, so every rank of the group reduces the same terms in
+        the same order."""
+        out: dict[str, tuple] = {}
         for part in self._group_all_gather(policy, terms):
-            for name, bound in part:
-                out.setdefault(name, bound)
-        return list(out.items())
+            for name, *spec in part:
+                out.setdefault(name, tuple(spec))
+        return [(name, *spec) for name, spec in out.items()]
 
     def gather_to_zero(self, obj: Any, what: str) -> list[Any] | None:
         """``obj`` from every rank on rank 0 (indexed by rank); None elsewhere."""

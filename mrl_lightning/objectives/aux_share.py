@@ -11,16 +11,25 @@ with ``||.||`` the L2 norm over all trainable parameters, before gradient clippi
 may carry a bound ``b`` (its declared ``max_grad_share``, in (0, 1); None = no bound); a
 term whose share exceeds it is scaled by
 
-    s_k = b / (1 - b) * ||g_0|| / ||g_k||     so that   ||s_k g_k|| / (||g_0|| + ||s_k g_k||) = b
+    s_k = b / (1 - b) * r / ||g_k||     so that   ||s_k g_k|| / (r + ||s_k g_k||) = b
 
-(and is dropped for the step when ``g_0`` is 0). The gradient the optimizer sees is
-``g_0 + sum_k s_k g_k``. Each term is measured against the GRPO gradient alone, so the
-bounds of several terms do not interact. Under data parallelism every gradient here is
-the group's: the caller reduces ``g_0`` over the policy's ranks before the call, and each
-term's ``g_k`` is reduced (``reduce``) before its norm is taken, so k ranks measure and
-bound exactly what one rank on the whole batch would, and every rank applies the same scale.
-A policy sharded with FSDP has its gradients reduced in the backward pass itself (``reduce``
-None) and sharded: each norm is then taken over the whole mesh (:func:`_norm`).
+where ``r`` is the reference norm: ``||g_0||`` itself (strict: the share of the applied
+update is at most ``b`` on every step, and a step whose GRPO gradient is 0 gets no
+transfer), or ``max(||g_0||, f)`` when the term declares a floor ``f``
+(``grad_share_floor``, in gradient-norm units): a step whose GRPO gradient is below the
+floor (every group's rewards tied, the regime rescue is for) still lets the term move the
+policy by up to ``b / (1 - b) * f``, and its share of the applied update is then above
+``b`` (logged as it is). The gradient the optimizer sees is ``g_0 + sum_k s_k g_k``, and
+every share logged is computed from those scaled parts, so it is the share of the update
+actually applied (clipping scales both parts alike and leaves it unchanged). Each term is
+measured against the GRPO gradient alone, so the bounds of several terms do not interact.
+
+Under data parallelism every gradient here is the group's: the caller reduces ``g_0`` over
+the policy's ranks before the call, and each term's ``g_k`` is reduced (``reduce``) before
+its norm is taken, so k ranks measure and bound exactly what one rank on the whole batch
+would, and every rank applies the same scale. A policy sharded with FSDP has its gradients
+reduced in the backward pass itself (``reduce`` None) and sharded: each norm is then taken
+over the whole mesh (:func:`_norm`).
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ from typing import Callable
 
 import torch
 from torch import Tensor
+
+from mrl_lightning.metrics import Max
 
 
 def _take_grads(params: list[torch.nn.Parameter]) -> list[Tensor | None]:
@@ -50,51 +61,59 @@ def _whole(value: Tensor) -> Tensor:
     return value.full_tensor() if hasattr(value, "full_tensor") else value
 
 
-def share_scale(main_norm: float, term_norm: float, max_share: float | None) -> tuple[float, float]:
+def share_scale(main_norm: float, term_norm: float, max_share: float | None,
+                floor: float | None = None) -> tuple[float, float]:
     """``(grad_share, scale)`` of one term against the GRPO gradient (module docstring).
 
     Args:
         main_norm: ``||g_0||``, L2 norm of the GRPO gradient (>= 0).
         term_norm: ``||g_k||``, L2 norm of the term's gradient (>= 0).
         max_share: Bound b in (0, 1), or None for no bound.
+        floor: ``f`` >= 0, the least reference norm (``grad_share_floor``); None = 0 (strict).
 
     Returns:
         The unbounded share ``||g_k|| / (||g_0|| + ||g_k||)`` (0 when both norms are 0) and the
-        factor ``s_k`` in [0, 1] the term's gradient is multiplied by (1 when within the bound).
+        factor ``s_k`` in [0, 1] the term's gradient is multiplied by (1 when within the bound,
+        ``b / (1 - b) * max(||g_0||, f) / ||g_k||`` otherwise).
 
     Raises:
-        ValueError: ``max_share`` not in (0, 1), or a negative norm.
+        ValueError: ``max_share`` not in (0, 1), a negative norm or a negative floor.
     """
     if max_share is not None and not 0.0 < max_share < 1.0:
         raise ValueError(f"max_grad_share={max_share!r} must be in (0, 1) (a share of the update) or None for "
                          "no bound.")
     if main_norm < 0 or term_norm < 0:
         raise ValueError(f"gradient norms must be >= 0; got {main_norm} and {term_norm}.")
+    if floor is not None and not floor >= 0:
+        raise ValueError(f"grad_share_floor={floor!r} must be >= 0 (a gradient norm) or None for none.")
     total = main_norm + term_norm
     share = term_norm / total if total > 0 else 0.0
-    if max_share is None or share <= max_share:
+    reference = max(main_norm, floor or 0.0)
+    if max_share is None or term_norm == 0.0 or term_norm / (reference + term_norm) <= max_share:
         return share, 1.0
-    return share, max_share / (1.0 - max_share) * main_norm / term_norm
+    return share, max_share / (1.0 - max_share) * reference / term_norm
 
 
-def term_names(aux_losses: list) -> list[tuple[str, float | None]]:
-    """``(name, max_grad_share)`` of each term name, in order of first appearance (the first term's bound)."""
-    names: dict[str, float | None] = {}
+def term_names(aux_losses: list) -> list[tuple[str, float | None, float | None]]:
+    """``(name, max_grad_share, grad_share_floor)`` of each term name, in order of first appearance
+    (the first term's bound and floor)."""
+    names: dict[str, tuple[float | None, float | None]] = {}
     for aux in aux_losses:
-        names.setdefault(aux.name, aux.max_grad_share)
-    return list(names.items())
+        names.setdefault(aux.name, (aux.max_grad_share, getattr(aux, "grad_share_floor", None)))
+    return [(name, bound, floor) for name, (bound, floor) in names.items()]
 
 
 def backward_aux_losses(aux_losses: list, policy, model, backward: Callable[[Tensor], None],
                         params: list[torch.nn.Parameter], tag: Callable[[str], str],
                         totals: dict[str, float] | None = None,
                         reduce: Callable[[list[torch.nn.Parameter]], None] | None = None,
-                        terms: list[tuple[str, float | None]] | None = None) -> dict[str, float]:
+                        terms: list[tuple[str, float | None, float | None]] | None = None) -> dict[str, float]:
     """Backpropagate each auxiliary term apart from the GRPO gradient already in ``.grad``.
 
     Args:
         aux_losses: Terms of :class:`~mrl_lightning.batch.AuxiliaryLoss` (``name``,
-            ``max_grad_share``; called as ``term(policy, model, totals) -> (loss, metrics)``).
+            ``max_grad_share``, optional ``grad_share_floor``; called as
+            ``term(policy, model, totals) -> (loss, metrics)``).
         policy: The policy, passed to each term.
         model: The (wrapped) model to run forward passes with, passed to each term.
         backward: ``fabric.backward``.
@@ -105,21 +124,23 @@ def backward_aux_losses(aux_losses: list, policy, model, backward: Callable[[Ten
             (``TrainBatch.group_counts``), passed to each term; None = ``{}``.
         reduce: Sums ``.grad`` of ``params`` over the policy's ranks in place, called once per
             term name (after that name's terms are backpropagated); None = one rank.
-        terms: ``(name, max_grad_share)`` of every term name on any of the policy's ranks, in
-            one order for all of them (``TrainBatch.group_terms``), so each rank reduces the
-            same names in the same order, also a name it has no term of (its part is 0);
-            None = this rank's names, in order of first appearance.
+        terms: ``(name, max_grad_share, grad_share_floor)`` of every term name on any of the
+            policy's ranks, in one order for all of them (``TrainBatch.group_terms``), so each
+            rank reduces the same names in the same order, also a name it has no term of (its
+            part is 0); None = this rank's names, in order of first appearance (:func:`term_names`).
 
     Returns:
         The terms' own metrics, plus per term name (terms of one name are summed):
-        ``<prefix>/grad_share``, the share of the update, ``||s_k g_k|| / (||g_0|| + ||s_k g_k||)``
-        (at most the bound); ``<prefix>/grad_share_raw``, the same before the bound (s_k = 1);
-        ``<prefix>/grad_norm`` (``||g_k||``, unscaled); ``<prefix>/grad_scale`` (``s_k``, also
-        passed to each term's ``note_scale``); ``<prefix>/grpo_grad_norm`` (``||g_0||``); and
-        ``<prefix>/share_measured`` (1: measured here; a fused step logs 0, :mod:`mrl_lightning.update`).
+        ``<prefix>/grad_share``, the term's share of the update applied,
+        ``||s_k g_k|| / (||g_0|| + ||s_k g_k||)`` (at most the bound unless a floor lifted the
+        reference); ``<prefix>/grad_share_max``, the same, combined over a log window by its
+        maximum; ``<prefix>/grad_share_raw``, the share before the bound (s_k = 1);
+        ``<prefix>/grad_norm`` (``||g_k||``, unscaled); ``<prefix>/grad_scale`` (``s_k``);
+        ``<prefix>/grpo_grad_norm`` (``||g_0||``); and, for a term with a floor,
+        ``<prefix>/grad_share_floor_active`` (1 when ``||g_0||`` was below the floor).
 
     Raises:
-        ValueError: a term's ``max_grad_share`` is not in (0, 1).
+        ValueError: a term's ``max_grad_share`` is not in (0, 1), or its floor is negative.
     """
     main = _take_grads(params)
     main_norm = _norm(main)
@@ -127,7 +148,7 @@ def backward_aux_losses(aux_losses: list, policy, model, backward: Callable[[Ten
         terms = term_names(aux_losses)
     metrics: dict[str, float] = {}
     total = list(main)
-    for name, bound in terms:
+    for name, bound, floor in terms:
         grads: list[Tensor | None] = [None] * len(params)
         for aux in aux_losses:
             if aux.name != name:
@@ -142,16 +163,15 @@ def backward_aux_losses(aux_losses: list, policy, model, backward: Callable[[Ten
             reduce(params)
             grads = _take_grads(params)
         norm = _norm(grads)
-        raw, scale = share_scale(main_norm, norm, bound)
+        raw, scale = share_scale(main_norm, norm, bound, floor)
         bounded = scale * norm
-        share = raw if scale == 1.0 else (bounded / (main_norm + bounded) if bounded > 0 else 0.0)
+        share = bounded / (main_norm + bounded) if bounded > 0 else 0.0
         prefix = tag(name)
-        metrics.update({f"{prefix}/grad_share": share, f"{prefix}/grad_share_raw": raw, f"{prefix}/grad_norm": norm,
-                        f"{prefix}/grad_scale": scale, f"{prefix}/grpo_grad_norm": main_norm,
-                        f"{prefix}/share_measured": 1.0})
-        for aux in aux_losses:
-            if aux.name == name and hasattr(aux, "note_scale"):
-                aux.note_scale(scale)
+        metrics.update({f"{prefix}/grad_share": share, f"{prefix}/grad_share_max": Max(share),
+                        f"{prefix}/grad_share_raw": raw, f"{prefix}/grad_norm": norm,
+                        f"{prefix}/grad_scale": scale, f"{prefix}/grpo_grad_norm": main_norm})
+        if floor is not None:
+            metrics[f"{prefix}/grad_share_floor_active"] = float(main_norm < floor)
         for i, g in enumerate(grads):
             if g is None or scale == 0.0:
                 continue

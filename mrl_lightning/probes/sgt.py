@@ -22,12 +22,65 @@ import torch
 from torch import Tensor
 
 
+def eligible_rows(own_success: Tensor, prompt_ids: Sequence[str], peer_successes: dict[str, list[str]],
+                  kappa: float = 0.0) -> list[bool]:
+    """Per row, whether its prompt may be rescued: own success rate <= kappa and a peer success exists.
+
+    Args:
+        own_success: ``[B, G]`` bool, the receiver's own successes.
+        prompt_ids: B prompt ids, row order of ``own_success``.
+        peer_successes: prompt id -> verified peer success texts.
+        kappa: A prompt is eligible when its own success rate <= kappa.
+
+    Raises:
+        ValueError: shape mismatch or kappa outside [0, 1].
+    """
+    if own_success.dim() != 2 or own_success.shape[0] != len(prompt_ids):
+        raise ValueError(f"own_success must be [B, G] with B = len(prompt_ids) = {len(prompt_ids)}; "
+                         f"got {tuple(own_success.shape)}.")
+    if not 0.0 <= kappa <= 1.0:
+        raise ValueError(f"kappa={kappa} must be in [0, 1].")
+    rate = own_success.float().mean(dim=1)
+    return [bool(rate[b] <= kappa) and bool(peer_successes.get(pid)) for b, pid in enumerate(prompt_ids)]
+
+
+def first_eligible_draws(parts: Sequence[Sequence[tuple[str, bool]]]) -> list[set[int]]:
+    """The rows of each rank of a group that hold the first eligible draw of their prompt in the step.
+
+    A prompt drawn twice in one step is rescued once per group, on the draw one rank holding
+    the whole batch would rescue: the eligible one at the lowest batch position. The group's
+    ranks hold the batch in strided shards (:func:`mrl_lightning.mwra.shard_indices`: row j of
+    the rank at group index r is position r + j * k of a group of k ranks).
+
+    Args:
+        parts: Per rank, in group order, its rows' ``(prompt id, eligible)``, row order
+            (:func:`eligible_rows`).
+
+    Returns:
+        Per rank, the set of its row indices that may be rescued.
+    """
+    from mrl_lightning.mwra.placement import shard_indices
+
+    size, total = len(parts), sum(len(part) for part in parts)
+    first: dict[str, int] = {}
+    placed: list[list[int]] = []
+    for r, part in enumerate(parts):
+        positions = shard_indices(total, r, size)
+        placed.append(positions)
+        for (pid, ok), pos in zip(part, positions):
+            if ok and pos < first.get(pid, total):
+                first[pid] = pos
+    return [{j for j, ((pid, ok), pos) in enumerate(zip(part, positions)) if ok and first.get(pid) == pos}
+            for part, positions in zip(parts, placed)]
+
+
 def rescue_set(
     own_success: Tensor,
     prompt_ids: Sequence[str],
     peer_successes: dict[str, list[str]],
     kappa: float = 0.0,
     max_per_prompt: int = 1,
+    rows: set[int] | None = None,
 ) -> dict[int, list[str]]:
     """Which prompts get which peer successes (docs/probes.md).
 
@@ -37,6 +90,8 @@ def rescue_set(
         peer_successes: prompt id -> verified peer success texts, preferred first.
         kappa: A prompt is eligible when its own success rate <= kappa.
         max_per_prompt: m, at most this many distinct texts per prompt.
+        rows: The rows that may be rescued (:func:`first_eligible_draws`, on a group of several
+            ranks); None = every row, a prompt drawn twice being rescued at its first eligible row.
 
     Returns:
         Row index b -> up to m distinct texts, only for eligible prompts with a peer success.
@@ -44,23 +99,16 @@ def rescue_set(
     Raises:
         ValueError: shape mismatch, kappa outside [0, 1] or max_per_prompt < 1.
     """
-    if own_success.dim() != 2 or own_success.shape[0] != len(prompt_ids):
-        raise ValueError(f"own_success must be [B, G] with B = len(prompt_ids) = {len(prompt_ids)}; "
-                         f"got {tuple(own_success.shape)}.")
-    if not 0.0 <= kappa <= 1.0:
-        raise ValueError(f"kappa={kappa} must be in [0, 1].")
     if max_per_prompt < 1:
         raise ValueError(f"max_per_prompt={max_per_prompt} must be >= 1.")
-    rate = own_success.float().mean(dim=1)
+    eligible = eligible_rows(own_success, prompt_ids, peer_successes, kappa)
     out: dict[int, list[str]] = {}
     seen_prompts: set[str] = set()
     for b, pid in enumerate(prompt_ids):
-        if rate[b] > kappa or pid in seen_prompts:
+        if not eligible[b] or pid in seen_prompts or (rows is not None and b not in rows):
             continue  # a prompt drawn twice in one step is rescued once
-        texts = list(dict.fromkeys(peer_successes.get(pid, [])))[:max_per_prompt]
-        if texts:
-            out[b] = texts
-            seen_prompts.add(pid)
+        out[b] = list(dict.fromkeys(peer_successes[pid]))[:max_per_prompt]
+        seen_prompts.add(pid)
     return out
 
 

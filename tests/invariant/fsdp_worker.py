@@ -12,6 +12,7 @@ from dp_worker import FABRIC, build_policy, shard_rollout
 from mrl_lightning.batch import TrainBatch
 from mrl_lightning.mwra import Workers, build_placement, shard_indices
 from mrl_lightning.mwra.sharding import full_state, full_weights, load_full_state, shard_model
+from mrl_lightning.objectives.aux_share import term_names
 from mrl_lightning.update import loss_counts, policy_update
 
 
@@ -43,7 +44,7 @@ def update(policy, rollout, advantages, aux_rollout, workers=None, name="p"):
         batch.aux_losses.append(SumTerm(aux_rollout))
     if workers is not None:
         batch.group_counts = workers.group_sum(name, batch.counts)
-        batch.group_terms = workers.group_terms(name, [(t.name, t.max_grad_share) for t in batch.aux_losses])
+        batch.group_terms = workers.group_terms(name, term_names(batch.aux_losses))
     metrics = policy_update(policy, batch, policy.model, FABRIC, optimizer)
     return full_state({n: p.detach() for n, p in policy.model.named_parameters()}), metrics, optimizer
 

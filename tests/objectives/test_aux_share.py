@@ -115,7 +115,7 @@ def test_the_bound_is_measured_on_the_groups_gradient_not_this_ranks():
             p.grad = local + other_rank_term[rank]
         return reduce
 
-    terms = [("sgt", 0.25)]  # the group's term names: rank A has none of its own
+    terms = [("sgt", 0.25, None)]  # the group's term names: rank A has none of its own
     m_a = backward_aux_losses([], None, w_a, lambda loss: loss.backward(), [w_a], tag=lambda n: n,
                               reduce=reduce_on("a"), terms=terms)
     term = _Term("sgt", lambda w: 4.0 * w[1], max_grad_share=0.25)
