@@ -88,37 +88,36 @@ def eval_counts(
     eval_num_generations: int,
     seed_for_part: Callable[..., int],
     shard_indices: Callable[[str, int], list[int]] = lambda name, n: list(range(n)),
-    with_samples: Callable[[str], bool] = lambda name: True,
-) -> tuple[dict, dict[str, str]]:
+) -> tuple[dict, dict[str, list]]:
     """Successes on held-out prompts of the given policies, as sums and counts.
 
     Args:
         system: The :class:`~mrl_lightning.system.MutualRL`.
         eval_items: Part name -> held-out prompts.
         policies: Policies to evaluate (this rank's).
-        num_samples: Greedy completions per policy kept as a text table.
+        num_samples: Greedy completions of each part's first ``num_samples`` prompts kept for the
+            policy's text table (:func:`sample_tables`; each rank keeps those of its share).
         eval_num_generations: k sampled completions per prompt (0 = greedy only).
         seed_for_part: ``(policy, part) -> seed`` of the sampled evaluation's stream, and
             ``(policy, part, i) -> seed`` of the part's i-th prompt (its completions' own seed).
         shard_indices: ``(policy, n) -> the positions of this rank's share`` of a part's n prompts
             (data-parallel evaluation).
-        with_samples: Whether this rank writes the text table of a policy.
 
     Returns:
         ``counts[policy][kind][part] = (successes, completions)`` with kind ``greedy`` or
         ``sampled``; with k > 0 also ``counts[policy]["per_prompt"][part] = (successes of
         each prompt, k)`` (for pass@k after the ranks' prompts are merged); and
-        ``samples[policy]`` markdown tables.
+        ``samples[policy]``: ``(part index, position, table row)`` of this rank's sample completions.
     """
     counts: dict = {}
-    samples: dict[str, str] = {}
+    samples: dict[str, list] = {}
     for name in policies:
         policy = system.policies[name]
-        rows = ["| part | prompt | completion | correct |", "|---|---|---|---|"]
+        rows: list[tuple[int, int, str]] = []
         greedy, sampled, per_prompt = {}, {}, {}
         # a sharded policy is gathered once, on every rank of its group, even one with no prompt of a part
         with full_weights(getattr(policy, "model", None)):
-            for part, items in eval_items.items():
+            for part_index, (part, items) in enumerate(eval_items.items()):
                 positions = shard_indices(name, len(items))
                 mine = [items[i] for i in positions]
                 if not mine:
@@ -132,17 +131,28 @@ def eval_counts(
                                                 prompt_seeds=seeds).sum(dim=1).tolist()
                     sampled[part] = (float(sum(hits)), len(mine) * eval_num_generations)
                     per_prompt[part] = ([int(h) for h in hits], eval_num_generations)
-                if with_samples(name):
-                    _, _, ok = system.score(texts[:num_samples], mine[:num_samples])
-                    for item, text, good in zip(mine[:num_samples], texts, ok.tolist()):
-                        prompt = policy.render_prompt(item).replace("\n", "\\n").replace("|", "\\|")
-                        rows.append(f"| {part} | {prompt} | {text!r} | {good} |")
+                shown = [j for j, pos in enumerate(positions) if pos < num_samples]
+                if shown:
+                    _, _, ok = system.score([texts[j] for j in shown], [mine[j] for j in shown])
+                    for j, good in zip(shown, ok.tolist()):
+                        prompt = policy.render_prompt(mine[j]).replace("\n", "\\n").replace("|", "\\|")
+                        rows.append((part_index, positions[j], f"| {part} | {prompt} | {texts[j]!r} | {good} |"))
         counts[name] = {"greedy": greedy, "sampled": sampled or greedy}
         if per_prompt:
             counts[name]["per_prompt"] = per_prompt
-        if with_samples(name):
-            samples[name] = "\n".join(rows)
+        samples[name] = rows
     return counts, samples
+
+
+def sample_tables(per_rank: list[dict[str, list]]) -> dict[str, str]:
+    """One markdown table per policy from :func:`eval_counts` samples of every rank, rows in part then
+    prompt order, so any placement shows the same prompts (each part's first ``num_samples``)."""
+    rows: dict[str, list] = {}
+    for samples in per_rank:
+        for name, part_rows in samples.items():
+            rows.setdefault(name, []).extend(part_rows)
+    return {name: "\n".join(["| part | prompt | completion | correct |", "|---|---|---|---|"]
+                            + [row for _, _, row in sorted(found)]) for name, found in rows.items()}
 
 
 def merge_eval_counts(per_rank: list[dict]) -> dict:
@@ -209,7 +219,7 @@ def eval_metrics(
     """Evaluate every policy in this process (one rank; see :func:`eval_counts`)."""
     counts, samples = eval_counts(system, eval_items, list(system.policies), num_samples, eval_num_generations,
                                   lambda name, part, *position: stream_seed(seed, name, "eval", part, *position))
-    return eval_metrics_from_counts(system, counts), samples
+    return eval_metrics_from_counts(system, counts), sample_tables([samples])
 
 
 def evaluate_on_workers(system, eval_items: dict[str, list], workers, num_samples: int, eval_num_generations: int,
@@ -220,20 +230,21 @@ def evaluate_on_workers(system, eval_items: dict[str, list], workers, num_sample
         system: The :class:`~mrl_lightning.system.MutualRL`.
         eval_items: Part name -> held-out prompts.
         workers: This rank's :class:`~mrl_lightning.mwra.Workers` (its policies, shards, the gather).
-        num_samples: Greedy completions per policy kept as a text table (by the group's leader).
+        num_samples: Greedy completions of each part's first prompts kept as a text table per policy.
         eval_num_generations: k sampled completions per prompt (0 = greedy only).
         seed_for_part: ``(policy, part[, i]) -> seed`` (:func:`eval_counts`).
 
     Returns:
         The scalars of :func:`eval_metrics_from_counts` (the same on every rank), and
-        ``(policy, markdown table)`` of every rank's text samples, in rank order.
+        ``(policy, markdown table)`` per policy, in the system's policy order, the same in every placement
+        (:func:`sample_tables`).
     """
     counts, samples = eval_counts(system, eval_items, workers.local_policies, num_samples, eval_num_generations,
-                                  seed_for_part, shard_indices=workers.shard_indices,
-                                  with_samples=workers.is_leader)
+                                  seed_for_part, shard_indices=workers.shard_indices)
     gathered = workers.all_gather((counts, samples), "eval")
     metrics = eval_metrics_from_counts(system, merge_eval_counts([c for c, _ in gathered]))
-    return metrics, [(name, text) for _, rank_samples in gathered for name, text in rank_samples.items()]
+    tables = sample_tables([s for _, s in gathered])
+    return metrics, [(name, tables[name]) for name in system.policies if name in tables]
 
 
 def eval_summary(metrics: dict[str, float], full_up_to: int = 3) -> str:

@@ -161,3 +161,102 @@ def test_merge_rank_states_reads_old_states_and_rejects_bad_input():
         probe.merge_rank_states([])
     with pytest.raises(ValueError, match=r"states\[1\] has no \['rescued'\]"):
         probe.merge_rank_states([old, {"solved_after_rescue": {}}])
+
+
+class _ThreadGroup:
+    """Two ranks of one policy's group as two threads: ``group_gather`` exchanges objects at a barrier."""
+
+    def __init__(self, size: int = 2):
+        import threading
+
+        self.size, self.barrier, self.slots = size, threading.Barrier(size), [None] * size
+
+    def rank(self, r: int):
+        group = self
+
+        class _Workers:
+            local_policies = ["me"]
+
+            def group_size(self, name):
+                return group.size
+
+            def group_index(self, name):
+                return r
+
+            def group_gather(self, name, obj):
+                group.slots[r] = obj
+                group.barrier.wait()
+                out = list(group.slots)
+                group.barrier.wait()
+                return out
+
+        return _Workers()
+
+
+def _compose_rows(probe, exchange, tokenizer, rows, workers=None):
+    """on_compose_batch for receiver "me" on one rank's rows ``[(pid, solved)]``; its metrics and terms."""
+    trainer = SimpleNamespace(exchange=exchange, rollout_step=1, workers=workers)
+    policy = SimpleNamespace(policy_name="me", tokenizer=tokenizer, max_prompt_length=64,
+                             end_of_turn_id=tokenizer.eos_token_id)
+    items = [PromptItem(pid, "q", "a", "add", {}) for pid, _ in rows]
+    success = torch.tensor([[solved, False] for _, solved in rows])
+    prompt = "12 + 34?\nAnswer:"
+    scored = SimpleNamespace(items=items, success=success, prompt_texts=[prompt] * len(items),
+                             own_prompt_ids=lambda b: tokenizer(prompt)["input_ids"])
+    batch = TrainBatch(scored=scored, advantages=torch.zeros(len(items), 2))
+    probe.on_compose_batch(trainer, None, policy, batch)
+    return batch
+
+
+@pytest.mark.parametrize("first_solved", [False, True], ids=["first-draw-eligible", "second-draw-eligible"])
+def test_a_prompt_drawn_twice_is_rescued_once_per_group_across_ranks(tokenizer, first_solved):
+    """Batch [A, A, B, C], every prompt solved by the peer. One rank rescues A once (at its first eligible
+    draw): 3 demos, A weighs 1/3. Two ranks hold strided shards [A, B] and [A, C]: together they must
+    rescue the same draws, so 3 demos in the group, not 4 (A trained on twice, the mean's denominator grown)."""
+    import threading
+
+    exchange = ExperienceExchange()
+    exchange.publish([_success(pid, 1) for pid in ("A", "B", "C")])
+    batch_rows = [("A", first_solved), ("A", False), ("B", False), ("C", False)]
+    one = _compose_rows(SuccessGatedTransfer(), exchange, tokenizer, batch_rows)
+    assert one.metrics["probe/sgt/me/transfers"] == 3.0 and one.counts["sgt_demos"] == 3.0
+    rescued_at = 1 if first_solved else 0
+
+    group, out = _ThreadGroup(), {}
+
+    def rank(r):
+        out[r] = _compose_rows(SuccessGatedTransfer(), exchange, tokenizer, batch_rows[r::2], group.rank(r))
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert set(out) == {0, 1}
+    assert sum(out[r].counts["sgt_demos"] for r in range(2)) == 3.0
+    assert sum(out[r].metrics["probe/sgt/me/rescue_set_size"] for r in range(2)) == 3.0
+    # A's demo sits on the rank holding its first eligible draw (position 0 on rank 0, position 1 on rank 1)
+    assert out[rescued_at].counts["sgt_demos"] == 2.0 and out[1 - rescued_at].counts["sgt_demos"] == 1.0
+
+
+def test_the_bound_state_after_a_resume_comes_from_the_rank_that_updates_its_receiver():
+    """Two workers, one receiver each, adaptive bound. After a resume both hold both receivers' states;
+    each then updates only its own. The next checkpoint must hold each receiver's live state, not the
+    frozen copy the other worker loaded (a second resume would otherwise bring a stale bound back)."""
+    loaded = {"a": {"level": 0.5, "reference": 0.6}, "b": {"level": 0.4, "reference": 0.4}}
+    workers = []
+    for mine in ("a", "b"):
+        probe = SuccessGatedTransfer(max_grad_share=0.6, max_grad_share_low=0.2)
+        probe.setup(SimpleNamespace(workers=SimpleNamespace(local_policies=[mine])), None, None)
+        probe.load_state_dict({"rescued": {}, "solved_after_rescue": {}, "bound": loaded})
+        probe.bound.track(probe.bound_state[mine], 100, successes=1.0, count=4.0)  # this worker's receiver moves on
+        workers.append(probe)
+    live = {mine: dict(w.bound_state[mine]) for mine, w in zip("ab", workers)}
+    assert live["a"] != loaded["a"] and live["b"] != loaded["b"]
+    merged = workers[0].merge_rank_states([w.state_dict() for w in workers])
+    assert merged["bound"] == live
+    # a checkpoint of the removed fused mode (scale, measured_at) loads without them
+    again = SuccessGatedTransfer(max_grad_share=0.3)
+    again.load_state_dict({"rescued": {}, "solved_after_rescue": {},
+                           "bound": {"a": {"level": None, "reference": None, "scale": 0.25, "measured_at": 100}}})
+    assert again.bound_state == {"a": {"level": None, "reference": None}}

@@ -84,3 +84,51 @@ def test_a_two_rank_group_logs_and_steps_as_one_rank(tmp_path, probe):
               if not (a[key] == b[key] or (a[key] != a[key] and b[key] != b[key]))
               and abs(a[key] - b[key]) > 1e-4 * max(1.0, abs(a[key]))]
     assert not differ, differ[:10]
+
+
+PLACEMENTS = {"one": ["--trainer.devices", "1"],
+              "colocated": ["--trainer.devices", "2", "--trainer.placement", "colocated"],
+              "disjoint": ["--trainer.devices", "2", "--trainer.placement", "disjoint"]}
+
+
+def test_the_default_with_sgt_logs_and_steps_alike_on_one_rank_and_on_two(tmp_path):
+    """configs/default.yaml (SGT with its bound, the shipped warm-started models) for 20 steps in one process,
+    on a colocated group of 2 ranks (both policies on both) and disjoint (one rank each): every logged scalar
+    that is not a time or a memory reading, at every step and evaluation, within float rounding; the same
+    sample completions; the same weights (docs/mwra.md, docs/probes.md "Bound")."""
+    from test_mwra_fit import REPO
+
+    cfg = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())
+    cfg["trainer"].update(max_steps=20, eval_every_n_steps=10, log_every_n_steps=1, checkpoint_every_n_steps=0,
+                          default_root_dir=str(tmp_path / "runs"))
+    for policy in cfg["model"]["policies"]:
+        recipe = policy["init_args"]["model"]["init_args"]
+        recipe["prebuilt"] = str(REPO / recipe["prebuilt"])
+        recipe["cache_dir"] = str(tmp_path / "cache")
+    config = tmp_path / "default.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    for version, args in PLACEMENTS.items():
+        _ok(_mrl(config, "--trainer.version", version, *args, timeout=600))
+    runs = {version: _scalars(tmp_path / "runs" / version) for version in PLACEMENTS}
+    texts = {version: _texts(tmp_path / "runs" / version) for version in PLACEMENTS}
+    one = runs["one"]
+    assert any(tag.endswith("/transfers") and v > 0 for (tag, _), v in one.items()), "no transfer to compare"
+    shares = [v for (tag, _), v in one.items() if tag.endswith("/grad_share_max")]
+    bounds = [v for (tag, _), v in one.items() if tag.endswith("/grad_share_bound")]
+    assert shares and max(shares) <= max(bounds) + 1e-6
+    for version in ("colocated", "disjoint"):
+        other = runs[version]
+        assert set(one) == set(other), (version, sorted(set(one) ^ set(other))[:10])
+        differ = [(key, one[key], other[key]) for key in sorted(one)
+                  if not (one[key] == other[key] or (one[key] != one[key] and other[key] != other[key]))
+                  and abs(one[key] - other[key]) > 1e-4 * max(1.0, abs(one[key]))]
+        assert not differ, (version, differ[:10])
+        assert texts[version] == texts["one"], version
+        same_completions_and_weights(_ckpt(config, "one"), _ckpt(config, version), version)
+
+
+def _texts(run_dir) -> dict[tuple[str, int], bytes]:
+    events = EventAccumulator(str(run_dir), size_guidance={"tensors": 0})
+    events.Reload()
+    return {(tag, e.step): bytes(e.tensor_proto.string_val[0]) for tag in events.Tags().get("tensors", [])
+            for e in events.Tensors(tag)}
