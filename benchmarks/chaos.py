@@ -1,13 +1,16 @@
 """Chaos: SIGKILL ``mrl fit`` at random moments, resume each time, and compare with a run that never stopped.
 
     python benchmarks/chaos.py --kills 12 --max-steps 30 --seed 0 --out /tmp/chaos
+    python benchmarks/chaos.py --default --kills 4 --max-steps 48 --seed 0 --out /tmp/chaos_default
 
 What it does:
 
 1. Writes the tiny two-family config of the end-to-end tests (``tests/e2e/e2e_configs.py``:
    a GPT-2 / byte-level BPE policy and a Llama / SentencePiece policy, SGT on SEE) with a
-   checkpoint every step and the SEE exchange log on (one absolute ``log_path``, so every
-   resume appends to the same file).
+   checkpoint every step, or with ``--default`` the embedded default itself
+   (``configs/default.yaml``: its two worker processes, SGT with its moving bound, the shipped
+   models) with a checkpoint every ``--checkpoint-every`` steps (2); either with the SEE
+   exchange log on (one absolute ``log_path``, so every resume appends to the same file).
 2. Runs it once without interruption (the reference).
 3. Runs it again and kills the process with SIGKILL ``--kills`` times. Each kill aims at
    one moment, in turn: a rollout, an update, a checkpoint write, an exchange-log append.
@@ -64,6 +67,10 @@ def child(marker: str, argv: list[str]) -> int:
     from mrl_lightning.exchange import log as see_log
     from mrl_lightning.mwra import workers
 
+    if os.environ.get("LOCAL_RANK", "0") != "0":  # a worker the launcher started: only rank 0 reports its phase
+        from mrl_lightning.cli import main
+
+        return main(argv)
     fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 
     def mark(text: str) -> None:
@@ -95,17 +102,26 @@ def child(marker: str, argv: list[str]) -> int:
 
 
 # --------------------------------------------------------------------------- the parent
-def write_config(folder: Path, root: Path, max_steps: int, log_path: Path, compress: bool = True) -> Path:
+def write_config(folder: Path, root: Path, max_steps: int, log_path: Path, compress: bool = True,
+                 default: bool = False, checkpoint_every: int = 1) -> Path:
     import yaml
 
-    sys.path.insert(0, str(E2E))
-    from e2e_configs import tiny_config
+    if default:  # the embedded default, its paths made absolute (the child runs from anywhere)
+        cfg = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())
+        cfg["trainer"]["default_root_dir"] = str(root)
+        for policy in cfg["model"]["policies"]:
+            recipe = policy["init_args"]["model"]["init_args"]
+            recipe["prebuilt"], recipe["cache_dir"] = str(REPO / recipe["prebuilt"]), str(folder / "cache")
+        cfg["trainer"]["callbacks"][0]["init_args"]["log_path"] = str(log_path)
+    else:
+        sys.path.insert(0, str(E2E))
+        from e2e_configs import tiny_config
 
-    cfg = tiny_config(folder / "cache", root)
-    cfg["trainer"].update(max_steps=max_steps, checkpoint_every_n_steps=1, keep_checkpoints=3,
+        cfg = tiny_config(folder / "cache", root)
+        cfg["trainer"]["callbacks"][0]["init_args"] = {"log_path": str(log_path)}
+    cfg["trainer"].update(max_steps=max_steps, checkpoint_every_n_steps=checkpoint_every, keep_checkpoints=3,
                           eval_every_n_steps=10_000, log_every_n_steps=5, enable_progress_bar=False,
                           compress_checkpoints=compress)
-    cfg["trainer"]["callbacks"][0]["init_args"] = {"log_path": str(log_path)}
     path = folder / f"chaos_{log_path.stem}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -170,7 +186,8 @@ def compare(a: dict, b: dict, where: str = "") -> list[str]:
     return [] if same else [where]
 
 
-def run_chaos(out: Path, kills: int, max_steps: int, seed: int, step_timeout_s: float, compress: bool = True) -> dict:
+def run_chaos(out: Path, kills: int, max_steps: int, seed: int, step_timeout_s: float, compress: bool = True,
+              default: bool = False, checkpoint_every: int = 1) -> dict:
     from mrl_lightning.checkpoint import load_checkpoint
     from mrl_lightning.exchange import read_log, record_key
 
@@ -178,8 +195,8 @@ def run_chaos(out: Path, kills: int, max_steps: int, seed: int, step_timeout_s: 
     out.mkdir(parents=True, exist_ok=True)
     straight_log, chaos_log = out / "straight.jsonl", out / "chaos.jsonl"
     chaos_root = out / "runs_chaos"
-    straight_cfg = write_config(out, out / "runs", max_steps, straight_log, compress)
-    chaos_cfg = write_config(out, chaos_root, max_steps, chaos_log, compress)
+    straight_cfg = write_config(out, out / "runs", max_steps, straight_log, compress, default, checkpoint_every)
+    chaos_cfg = write_config(out, chaos_root, max_steps, chaos_log, compress, default, checkpoint_every)
     console = out / "console.log"
 
     t0 = time.monotonic()
@@ -193,9 +210,9 @@ def run_chaos(out: Path, kills: int, max_steps: int, seed: int, step_timeout_s: 
     events, resumes, attempt = [], 0, 0
     ckpt, resume_step = None, 0
     # kill steps drawn up front, in order, so that every kill has steps left to land in; from
-    # step 2 (step 1's checkpoint exists: a run with none to resume from would start over and
-    # its log would repeat what the killed run appended) to the step before the last
-    plan = sorted(rng.randint(2, max_steps - 1) for _ in range(kills))
+    # the step after the first checkpoint (one exists to resume from: a run with none would start
+    # over and its log would repeat what the killed run appended) to the step before the last
+    plan = sorted(rng.randint(checkpoint_every + 1, max_steps - 1) for _ in range(kills))
     while True:
         marker = out / f"marker_{attempt}"
         marker.write_bytes(b"")
@@ -257,7 +274,8 @@ def run_chaos(out: Path, kills: int, max_steps: int, seed: int, step_timeout_s: 
     chaos_records = [record_key(r) for r in read_log(str(chaos_log))]
     summary = {
         "compressed_checkpoints": compress,
-        "command": f"python benchmarks/chaos.py --kills {kills} --max-steps {max_steps} --seed {seed}",
+        "command": f"python benchmarks/chaos.py {'--default ' if default else ''}--kills {kills} "
+                   f"--max-steps {max_steps} --seed {seed} --checkpoint-every {checkpoint_every}",
         "max_steps": max_steps, "kills": len(events), "resumes": resumes,
         "phases_hit": dict(Counter(e["phase_hit"] for e in events)),
         "targets": dict(Counter(e["target"] for e in events)),
@@ -283,11 +301,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill schedule")
     parser.add_argument("--out", type=Path, default=None, help="folder for runs and chaos.json (default: a temp dir)")
     parser.add_argument("--step-timeout-s", type=float, default=5.0, help="patience per step before giving up")
+    parser.add_argument("--default", action="store_true",
+                        help="the embedded default (configs/default.yaml, two workers) instead of the tiny config")
+    parser.add_argument("--checkpoint-every", type=int, default=None,
+                        help="checkpoint period in steps (default: 1 for the tiny config, 2 with --default)")
     parser.add_argument("--no-compress", dest="compress", action="store_false",
                         help="plain checkpoints (default: gzip-compressed, as in the embedded default)")
     args = parser.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="mrl_chaos_"))
-    summary = run_chaos(out, args.kills, args.max_steps, args.seed, args.step_timeout_s, args.compress)
+    every = args.checkpoint_every or (2 if args.default else 1)
+    summary = run_chaos(out, args.kills, args.max_steps, args.seed, args.step_timeout_s, args.compress, args.default,
+                        every)
     print(json.dumps({k: v for k, v in summary.items() if k != "events"}, indent=2))
     ok = summary["kills"] >= args.kills and summary["final_state_equal"] and summary["exchange_log_equal"]
     print(f"{'PASS' if ok else 'FAIL'}: {summary['kills']} kills, {summary['resumes']} resumes, final state "

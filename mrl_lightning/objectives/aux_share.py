@@ -39,7 +39,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from mrl_lightning.metrics import Max
+from mrl_lightning.metrics import Max, Min
 
 
 def _take_grads(params: list[torch.nn.Parameter]) -> list[Tensor | None]:
@@ -136,7 +136,9 @@ def backward_aux_losses(aux_losses: list, policy, model, backward: Callable[[Ten
         reference); ``<prefix>/grad_share_max``, the same, combined over a log window by its
         maximum; ``<prefix>/grad_share_raw``, the share before the bound (s_k = 1);
         ``<prefix>/grad_norm`` (``||g_k||``, unscaled); ``<prefix>/grad_scale`` (``s_k``);
-        ``<prefix>/grpo_grad_norm`` (``||g_0||``); and, for a term with a floor,
+        ``<prefix>/grpo_grad_norm`` (``||g_0||``), ``<prefix>/grpo_grad_norm_min`` (the same,
+        combined over a log window by its minimum: 0 shows a step whose transfer the strict
+        bound dropped); and, for a term with a floor,
         ``<prefix>/grad_share_floor_active`` (1 when ``||g_0||`` was below the floor).
 
     Raises:
@@ -169,7 +171,8 @@ def backward_aux_losses(aux_losses: list, policy, model, backward: Callable[[Ten
         prefix = tag(name)
         metrics.update({f"{prefix}/grad_share": share, f"{prefix}/grad_share_max": Max(share),
                         f"{prefix}/grad_share_raw": raw, f"{prefix}/grad_norm": norm,
-                        f"{prefix}/grad_scale": scale, f"{prefix}/grpo_grad_norm": main_norm})
+                        f"{prefix}/grad_scale": scale, f"{prefix}/grpo_grad_norm": main_norm,
+                        f"{prefix}/grpo_grad_norm_min": Min(main_norm)})
         if floor is not None:
             metrics[f"{prefix}/grad_share_floor_active"] = float(main_norm < floor)
         for i, g in enumerate(grads):
