@@ -91,7 +91,8 @@ def _read_argv(argv: list[str]) -> list[tuple[str, Any]] | None:
     ``--config`` file read as YAML, ``(dotted_key, value)`` for each ``--<key> <value>`` override.
 
     None when the reading is not sure of them: ``--help``, ``--print_config``, a section given
-    whole (``--trainer``, ``--model``), a config that is no readable YAML mapping.
+    whole (``--trainer``, ``--model``), a config that is no readable YAML mapping (not UTF-8
+    included: the parser names the file and the byte, :func:`mrl_lightning.config_keys.config_file_problems`).
     """
     import yaml
 
@@ -117,7 +118,7 @@ def _read_argv(argv: list[str]) -> list[tuple[str, Any]] | None:
                 events.append(("config", loaded))
             elif name.startswith("--"):
                 events.append((name[2:], yaml.safe_load(value)))
-        except (OSError, yaml.YAMLError):
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
             return None
     return events
 
