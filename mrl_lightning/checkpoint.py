@@ -4,8 +4,9 @@ A checkpoint holds only tensors, numbers, strings, lists, tuples and dicts (no c
 classes), so it loads with ``torch.load(weights_only=True)``: :func:`load_checkpoint` reads
 ``--ckpt_path`` that way before any model is built (LightningCLI's own read is skipped,
 ``fit_cli``). Writes go to a temporary file in the same
-folder, are flushed to disk, then renamed over the target, so a crash mid-write never
-corrupts the last good checkpoint. With ``compress`` the file is the same ``torch.save``
+folder, are flushed to disk, then renamed over the target (:func:`atomic_write`, which
+writes the run's ``config.yaml`` too), so a crash or a full disk mid-write never corrupts
+the last good checkpoint nor leaves a partial file. With ``compress`` the file is the same ``torch.save``
 bytes through gzip (zlib level 1): lossless, so resume stays exact; :func:`load_checkpoint`
 tells the two apart by the gzip magic bytes, so either kind resumes whatever the setting.
 """
@@ -16,20 +17,21 @@ import errno
 import gzip
 import io
 import os
-import tempfile
+import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Callable
 
 import torch
 
 from mrl_lightning.errors import ConfigError
+from mrl_lightning.writable import disk_full_in, free_space_text
 
 
 GZIP_MAGIC = b"\x1f\x8b"
 
 
 def atomic_save(obj: Any, path: str | Path, compress: bool = False) -> None:
-    """``torch.save`` to ``path`` atomically (temp file + fsync + rename).
+    """``torch.save`` to ``path`` atomically (temp file + fsync + rename: :func:`atomic_write`).
 
     Args:
         obj: Weights-only-loadable values (tensors, numbers, strings, containers).
@@ -39,46 +41,56 @@ def atomic_save(obj: Any, path: str | Path, compress: bool = False) -> None:
             checkpoint on one core of the reference CPU.
 
     Raises:
-        OSError: the disk filled up mid-write (``ENOSPC``; the message names the file, says
-            the previous checkpoint is untouched and how to resume), or any other write error.
+        OSError: the disk filled up mid-write (``ENOSPC``; the message names the file and the
+            disk, says whether an earlier ``path`` is there to resume from, untouched, and what to
+            do: docs/reliability.md, row 33), or any other write error.
+    """
+    def write(fh) -> None:
+        if compress:
+            with gzip.GzipFile(fileobj=fh, mode="wb", compresslevel=1, mtime=0) as stream:
+                torch.save(obj, stream)
+        else:
+            torch.save(obj, fh)
+
+    path = Path(path)
+    room = "free disk space (or move trainer.default_root_dir to a disk with room)"
+    atomic_write(path, write, lambda: (
+        f"the previous {path.name} is untouched: {room}, then resume with --ckpt_path {path}." if path.exists() else
+        f"no earlier {path.name} exists, so this run cannot be resumed: {room}, then start the run again."))
+
+
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], if_full: Callable[[], str]) -> None:
+    """``write(fh)`` to ``path`` atomically: a temporary file in the same folder, flushed to disk, renamed over it.
+
+    Args:
+        path: Target file; its folder is created.
+        write: Writes the bytes to the open binary file.
+        if_full: What exists and what to do, for the message when the disk fills up
+            (called after the partial file is removed; e.g. "the previous last.ckpt is untouched: ...").
+
+    Raises:
+        OSError: ``ENOSPC`` (the disk filled up mid-write: ``path`` was not touched, the partial
+            file is removed; the message names the file, the disk and ``if_full()``), or any other
+            write error (the partial file removed too).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
     try:
         with os.fdopen(fd, "wb") as fh:
-            if compress:
-                with gzip.GzipFile(fileobj=fh, mode="wb", compresslevel=1, mtime=0) as stream:
-                    torch.save(obj, stream)
-            else:
-                torch.save(obj, fh)
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        if _disk_full(exc):  # disk full mid-file: name the file and the fix
-            kept = f"the previous {path.name} is untouched" if path.exists() else f"no earlier {path.name} exists"
-            raise OSError(errno.ENOSPC, f"No space left on device while writing {path}; the partial file was "
-                          f"removed and {kept}. Free disk space (or move default_root_dir), then resume with "
-                          f"--ckpt_path {path.parent / 'last.ckpt'}.") from exc
+        if disk_full_in(exc) is not None:  # disk full mid-file: name the file, what is left and the fix
+            disk = free_space_text(path.parent)
+            raise OSError(errno.ENOSPC, f"No space left on device while writing {path} ({disk}); the partial file was "
+                          f"removed and {if_full()}") from exc
         raise
-
-
-def _disk_full(exc: BaseException | None) -> bool:
-    """True when ``exc`` or an exception it was raised from is ``OSError(ENOSPC)``.
-
-    torch.save's zip writer hides a failed write: its cleanup raises a ``RuntimeError``
-    ("unexpected pos ...") whose context is the ``OSError`` of the write.
-    """
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            return True
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return False
 
 
 FORMAT_VERSION = 2
