@@ -145,7 +145,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
 def fingerprint(state: dict[str, Any]) -> dict[str, Any]:
     """What a checkpoint says about the config that made it: policy names, each policy's family and
-    parameter shapes, whether it holds a LoRA adapter, the data parts.
+    parameter shapes, whether it holds a LoRA adapter (and its ``lora_alpha``, since it was added), the data parts.
 
     Read from the checkpoint's ``fingerprint`` entry (written since it was added), else
     derived from the weights and the data position it holds (older checkpoints).
@@ -205,14 +205,15 @@ def check_compatible(state: dict[str, Any], policy_names: list[str], max_steps: 
         policy_names: ``model.policies`` names.
         max_steps: ``trainer.max_steps``.
         data_parts: The data module's part names (None: not checked).
-        models: Policy name -> ``{"family": ..., "adapter": bool, "shapes": {param: shape},
-            "open_size": int | None}`` of the configured model (policies left out are not checked;
-            ``open_size``: :func:`shape_differences`).
+        models: Policy name -> ``{"family": ..., "adapter": bool, "lora_alpha": float | None,
+            "shapes": {param: shape}, "open_size": int | None}`` of the configured model (policies
+            left out are not checked; ``open_size``: :func:`shape_differences`; ``lora_alpha`` is
+            compared when both sides have one, older checkpoints have none).
         path: The checkpoint's file (named in the message, with its run folder's config.yaml).
 
     Raises:
-        CheckpointError: policy names, data parts, a model's family, kind (full / LoRA adapter)
-            or parameter shapes differ, or ``max_steps`` is not above the checkpoint's step (all
+        CheckpointError: policy names, data parts, a model's family, kind (full / LoRA adapter),
+            LoRA ``lora_alpha`` or parameter shapes differ, or ``max_steps`` is not above the checkpoint's step (all
             differences at once).
     """
     made_with = "its run folder's config.yaml"
@@ -239,6 +240,10 @@ def check_compatible(state: dict[str, Any], policy_names: list[str], max_steps: 
             problems.append(f"policy {name!r}: the checkpoint holds {kinds[0] if have.get('adapter') else kinds[1]}, "
                             f"this config trains {kinds[0] if want.get('adapter') else kinds[1]} (use_peft)")
             continue
+        if None not in (have.get("lora_alpha"), want.get("lora_alpha")) and have["lora_alpha"] != want["lora_alpha"]:
+            problems.append(f"policy {name!r}: the checkpoint's LoRA adapter has lora_alpha={have['lora_alpha']:g}, "
+                            f"this config lora_alpha={want['lora_alpha']:g} (the adapter's output is scaled by "
+                            "lora_alpha / lora_r: the resumed model would not be the saved one)")
         if want.get("shapes") is not None and have.get("shapes"):
             for line in shape_differences(have["shapes"], want["shapes"], want.get("open_size")):
                 problems.append(f"policy {name!r}: {line}")

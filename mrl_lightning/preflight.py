@@ -401,5 +401,6 @@ def _expected_models(policies: dict, shapes: dict, datamodule) -> dict[str, dict
         source = policy.model_source
         unbuilt = isinstance(source, ModelRecipe) and source.built_folder(policy, datamodule) is None
         out[name] = {"family": shape.family, "adapter": bool(policy.use_peft), "shapes": shape.state_shapes,
+                     "lora_alpha": float(policy.lora_alpha) if policy.use_peft else None,
                      "open_size": shape.vocab if unbuilt else None}
     return out
