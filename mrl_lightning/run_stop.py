@@ -101,14 +101,19 @@ def error_line(exc: BaseException, where: str = "", traceback_dir: str | Path | 
     return text + (f" (traceback: {path}; MRL_TRACEBACK=1 prints it)" if path else "")
 
 
-def disk_full_line(error: OSError, ctx: "StopContext", where: str = "") -> str:
-    """``mrl: disk full[ (where)][ in phase 'p' at step k]:`` and what failed, what is left and what to do, one line.
+def disk_full_line(error: OSError, ctx: "StopContext") -> str:
+    """``mrl: disk full[ (rank r: policies)][ in phase 'p' at step k]:`` and what failed, what is left and what to
+    do, one line (the rank when there are several).
 
     The message of :func:`~mrl_lightning.checkpoint.atomic_write` says it all; a bare ``ENOSPC``
     from elsewhere (a log, a traceback) gets the file when the error names it, the run folder's
     disk and the checkpoint to resume from (``ctx.last_checkpoint``) or "start the run again".
     """
     at = f" in phase {ctx.stopped_in[0]!r} at step {ctx.stopped_in[1]}" if ctx.stopped_in else ""
+    who = ""
+    if ctx.world_size > 1:
+        policies = ", ".join(ctx.policies_of(ctx.rank))
+        who = f" (rank {ctx.rank}" + (f": {policies}" if policies else "") + ")"
     text = error.strerror or ""
     if not text.startswith("No space left on device while writing"):
         file = f" while writing {error.filename}" if error.filename else ""
@@ -118,7 +123,7 @@ def disk_full_line(error: OSError, ctx: "StopContext", where: str = "") -> str:
                 else "start the run again (no checkpoint of it was written)")
         text = (f"No space left on device{file}" + (f" ({disk})" if disk else "") + ". Free disk space (or move "
                 f"trainer.default_root_dir to a disk with room), then {then}.")
-    return f"mrl: disk full{where}{at}: {text}"
+    return f"mrl: disk full{who}{at}: {text}"
 
 
 def config_error_text(error: ConfigError, where: str = "") -> str:
@@ -221,7 +226,7 @@ def _decide(exc: BaseException, ctx: StopContext) -> int:
             return EXIT_CONFIG
         full = disk_full_in(exc)
         if full is not None:
-            ctx.err(disk_full_line(full, ctx, _where(ctx, exc)))
+            ctx.err(disk_full_line(full, ctx))
             return EXIT_CONFIG
         if failed is None:  # this rank's own error (not one a worker's end caused here)
             ctx.err(error_line(exc, _where(ctx, exc), ctx.traceback_dir, ctx.rank, ctx.stopped_in))
