@@ -6,8 +6,8 @@ classes), so it loads with ``torch.load(weights_only=True)``: :func:`load_checkp
 ``fit_cli``). Writes go to a temporary file in the same
 folder, are flushed to disk, then renamed over the target (:func:`atomic_write`, which
 writes the run's ``config.yaml`` too), so a crash or a full disk mid-write never corrupts
-the last good checkpoint nor leaves a partial file. With ``compress`` the file is the same ``torch.save``
-bytes through gzip (zlib level 1): lossless, so resume stays exact; :func:`load_checkpoint`
+the last good checkpoint nor leaves a partial file. With ``compress`` the file is the same
+``torch.save`` bytes through gzip (zlib level 1): lossless, so resume stays exact; :func:`load_checkpoint`
 tells the two apart by the gzip magic bytes, so either kind resumes whatever the setting.
 """
 
@@ -88,8 +88,8 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], if_full: C
             os.unlink(tmp)
         if disk_full_in(exc) is not None:  # disk full mid-file: name the file, what is left and the fix
             disk = free_space_text(path.parent)
-            raise OSError(errno.ENOSPC, f"No space left on device while writing {path} ({disk}); the partial file was "
-                          f"removed and {if_full()}") from exc
+            raise OSError(errno.ENOSPC, f"No space left on device while writing {path} ({disk}); the partial file "
+                          f"was removed and {if_full()}") from exc
         raise
 
 
@@ -145,7 +145,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
 def fingerprint(state: dict[str, Any]) -> dict[str, Any]:
     """What a checkpoint says about the config that made it: policy names, each policy's family and
-    parameter shapes, whether it holds a LoRA adapter (and its ``lora_alpha``, since it was added), the data parts.
+    parameter shapes, whether it holds a LoRA adapter (and its ``lora_alpha``, written since it was
+    added), the data parts.
 
     Read from the checkpoint's ``fingerprint`` entry (written since it was added), else
     derived from the weights and the data position it holds (older checkpoints).
@@ -213,8 +214,8 @@ def check_compatible(state: dict[str, Any], policy_names: list[str], max_steps: 
 
     Raises:
         CheckpointError: policy names, data parts, a model's family, kind (full / LoRA adapter),
-            LoRA ``lora_alpha`` or parameter shapes differ, or ``max_steps`` is not above the checkpoint's step (all
-            differences at once).
+            LoRA ``lora_alpha`` or parameter shapes differ, or ``max_steps`` is not above the
+            checkpoint's step (all differences at once).
     """
     made_with = "its run folder's config.yaml"
     if path is not None:

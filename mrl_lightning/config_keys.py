@@ -1,6 +1,6 @@
 """Config keys the CLI does not know: refused whole, with the nearest valid key named.
 
-Three gaps of the plain LightningCLI / jsonargparse parser, closed here:
+Gaps of the plain LightningCLI / jsonargparse parser, closed here:
 
 - Abbreviations. argparse accepts any unambiguous prefix of an option (``allow_abbrev``,
   on by default, and jsonargparse keeps it until its 5.0), so ``--trainer.max_step 3``
@@ -41,8 +41,9 @@ _TOP_KEY = re.compile(r"does not accept option '([^']+)'")
 _CLASS_KEY = re.compile(r"class_path '([\w.]+)':\s*\n\s*Option '([^']+)' is not accepted")
 _BARE_KEY = re.compile(r"^Option '([^']+)' is not accepted")
 _UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
-_CLASS_IMPORT = re.compile(r"Problem with given class_path '([\w.]+)':\s*\n\s*((?:module '[\w.]+' has no attribute|No module "
-                           r"named) '[\w.]+')|Expected a dot import path string: (\w+)\s*$", re.M)
+_CLASS_IMPORT = re.compile(r"Problem with given class_path '([\w.]+)':\s*\n\s*"
+                           r"((?:module '[\w.]+' has no attribute|No module named) '[\w.]+')"
+                           r"|Expected a dot import path string: (\w+)\s*$", re.M)
 _PARSER_KEY = re.compile(r'Parser key "([^"]+)"')
 
 CLASS_FIELDS = {
@@ -144,7 +145,8 @@ def class_path_line(label: str, class_path: str, reason: str, kind: str) -> str:
     """One line: the field, the class path, why it names no class and the nearest valid classes of the field."""
     valid = valid_classes(kind)
     by_name = {path.rpartition(".")[2]: path for path in valid}
-    near = [by_name[n] for n in difflib.get_close_matches(class_path.rpartition(".")[2], list(by_name), n=3, cutoff=0.6)]
+    name = class_path.rpartition(".")[2]
+    near = [by_name[n] for n in difflib.get_close_matches(name, list(by_name), n=3, cutoff=0.6)]
     near = near or difflib.get_close_matches(class_path, valid, n=3, cutoff=0.6)
     fix = (f"did you mean {' or '.join(map(repr, near))}?" if near
            else f"valid: {', '.join(valid)}, or the import path of a class of your own.")

@@ -85,7 +85,8 @@ def test_a_resume_under_another_probe_warns_which_state_is_dropped(runs, capsys)
 def lora_run(runs):
     code, run_dir = runs("lora_a", _lora)
     assert code == 0
-    assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["fingerprint"]["policies"]["gpt2"]["lora_alpha"] == 8.0
+    fingerprint = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["fingerprint"]
+    assert fingerprint["policies"]["gpt2"]["lora_alpha"] == 8.0
     return run_dir
 
 
