@@ -4,9 +4,10 @@ A checkpoint holds only tensors, numbers, strings, lists, tuples and dicts (no c
 classes), so it loads with ``torch.load(weights_only=True)``: :func:`load_checkpoint` reads
 ``--ckpt_path`` that way before any model is built (LightningCLI's own read is skipped,
 ``fit_cli``). Writes go to a temporary file in the same
-folder, are flushed to disk, then renamed over the target, so a crash mid-write never
-corrupts the last good checkpoint. With ``compress`` the file is the same ``torch.save``
-bytes through gzip (zlib level 1): lossless, so resume stays exact; :func:`load_checkpoint`
+folder, are flushed to disk, then renamed over the target (:func:`atomic_write`, which
+writes the run's ``config.yaml`` too), so a crash or a full disk mid-write never corrupts
+the last good checkpoint nor leaves a partial file. With ``compress`` the file is the same
+``torch.save`` bytes through gzip (zlib level 1): lossless, so resume stays exact; :func:`load_checkpoint`
 tells the two apart by the gzip magic bytes, so either kind resumes whatever the setting.
 """
 
@@ -16,20 +17,21 @@ import errno
 import gzip
 import io
 import os
-import tempfile
+import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Callable
 
 import torch
 
 from mrl_lightning.errors import ConfigError
+from mrl_lightning.writable import disk_full_in, free_space_text
 
 
 GZIP_MAGIC = b"\x1f\x8b"
 
 
 def atomic_save(obj: Any, path: str | Path, compress: bool = False) -> None:
-    """``torch.save`` to ``path`` atomically (temp file + fsync + rename).
+    """``torch.save`` to ``path`` atomically (temp file + fsync + rename: :func:`atomic_write`).
 
     Args:
         obj: Weights-only-loadable values (tensors, numbers, strings, containers).
@@ -39,46 +41,56 @@ def atomic_save(obj: Any, path: str | Path, compress: bool = False) -> None:
             checkpoint on one core of the reference CPU.
 
     Raises:
-        OSError: the disk filled up mid-write (``ENOSPC``; the message names the file, says
-            the previous checkpoint is untouched and how to resume), or any other write error.
+        OSError: the disk filled up mid-write (``ENOSPC``; the message names the file and the
+            disk, says whether an earlier ``path`` is there to resume from, untouched, and what to
+            do: docs/reliability.md, row 33), or any other write error.
+    """
+    def write(fh) -> None:
+        if compress:
+            with gzip.GzipFile(fileobj=fh, mode="wb", compresslevel=1, mtime=0) as stream:
+                torch.save(obj, stream)
+        else:
+            torch.save(obj, fh)
+
+    path = Path(path)
+    room = "free disk space (or move trainer.default_root_dir to a disk with room)"
+    atomic_write(path, write, lambda: (
+        f"the previous {path.name} is untouched: {room}, then resume with --ckpt_path {path}." if path.exists() else
+        f"no earlier {path.name} exists, so this run cannot be resumed: {room}, then start the run again."))
+
+
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], if_full: Callable[[], str]) -> None:
+    """``write(fh)`` to ``path`` atomically: a temporary file in the same folder, flushed to disk, renamed over it.
+
+    Args:
+        path: Target file; its folder is created.
+        write: Writes the bytes to the open binary file.
+        if_full: What exists and what to do, for the message when the disk fills up
+            (called after the partial file is removed; e.g. "the previous last.ckpt is untouched: ...").
+
+    Raises:
+        OSError: ``ENOSPC`` (the disk filled up mid-write: ``path`` was not touched, the partial
+            file is removed; the message names the file, the disk and ``if_full()``), or any other
+            write error (the partial file removed too).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
     try:
         with os.fdopen(fd, "wb") as fh:
-            if compress:
-                with gzip.GzipFile(fileobj=fh, mode="wb", compresslevel=1, mtime=0) as stream:
-                    torch.save(obj, stream)
-            else:
-                torch.save(obj, fh)
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        if _disk_full(exc):  # disk full mid-file: name the file and the fix
-            kept = f"the previous {path.name} is untouched" if path.exists() else f"no earlier {path.name} exists"
-            raise OSError(errno.ENOSPC, f"No space left on device while writing {path}; the partial file was "
-                          f"removed and {kept}. Free disk space (or move default_root_dir), then resume with "
-                          f"--ckpt_path {path.parent / 'last.ckpt'}.") from exc
+        if disk_full_in(exc) is not None:  # disk full mid-file: name the file, what is left and the fix
+            disk = free_space_text(path.parent)
+            raise OSError(errno.ENOSPC, f"No space left on device while writing {path} ({disk}); the partial file "
+                          f"was removed and {if_full()}") from exc
         raise
-
-
-def _disk_full(exc: BaseException | None) -> bool:
-    """True when ``exc`` or an exception it was raised from is ``OSError(ENOSPC)``.
-
-    torch.save's zip writer hides a failed write: its cleanup raises a ``RuntimeError``
-    ("unexpected pos ...") whose context is the ``OSError`` of the write.
-    """
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            return True
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return False
 
 
 FORMAT_VERSION = 2
@@ -133,7 +145,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
 def fingerprint(state: dict[str, Any]) -> dict[str, Any]:
     """What a checkpoint says about the config that made it: policy names, each policy's family and
-    parameter shapes, whether it holds a LoRA adapter, the data parts.
+    parameter shapes, whether it holds a LoRA adapter (and its ``lora_alpha``, written since it was
+    added), the data parts.
 
     Read from the checkpoint's ``fingerprint`` entry (written since it was added), else
     derived from the weights and the data position it holds (older checkpoints).
@@ -193,15 +206,16 @@ def check_compatible(state: dict[str, Any], policy_names: list[str], max_steps: 
         policy_names: ``model.policies`` names.
         max_steps: ``trainer.max_steps``.
         data_parts: The data module's part names (None: not checked).
-        models: Policy name -> ``{"family": ..., "adapter": bool, "shapes": {param: shape},
-            "open_size": int | None}`` of the configured model (policies left out are not checked;
-            ``open_size``: :func:`shape_differences`).
+        models: Policy name -> ``{"family": ..., "adapter": bool, "lora_alpha": float | None,
+            "shapes": {param: shape}, "open_size": int | None}`` of the configured model (policies
+            left out are not checked; ``open_size``: :func:`shape_differences`; ``lora_alpha`` is
+            compared when both sides have one, older checkpoints have none).
         path: The checkpoint's file (named in the message, with its run folder's config.yaml).
 
     Raises:
-        CheckpointError: policy names, data parts, a model's family, kind (full / LoRA adapter)
-            or parameter shapes differ, or ``max_steps`` is not above the checkpoint's step (all
-            differences at once).
+        CheckpointError: policy names, data parts, a model's family, kind (full / LoRA adapter),
+            LoRA ``lora_alpha`` or parameter shapes differ, or ``max_steps`` is not above the
+            checkpoint's step (all differences at once).
     """
     made_with = "its run folder's config.yaml"
     if path is not None:
@@ -227,6 +241,10 @@ def check_compatible(state: dict[str, Any], policy_names: list[str], max_steps: 
             problems.append(f"policy {name!r}: the checkpoint holds {kinds[0] if have.get('adapter') else kinds[1]}, "
                             f"this config trains {kinds[0] if want.get('adapter') else kinds[1]} (use_peft)")
             continue
+        if None not in (have.get("lora_alpha"), want.get("lora_alpha")) and have["lora_alpha"] != want["lora_alpha"]:
+            problems.append(f"policy {name!r}: the checkpoint's LoRA adapter has lora_alpha={have['lora_alpha']:g}, "
+                            f"this config lora_alpha={want['lora_alpha']:g} (the adapter's output is scaled by "
+                            "lora_alpha / lora_r: the resumed model would not be the saved one)")
         if want.get("shapes") is not None and have.get("shapes"):
             for line in shape_differences(have["shapes"], want["shapes"], want.get("open_size")):
                 problems.append(f"policy {name!r}: {line}")

@@ -51,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         argv: Arguments after ``mrl`` (``None`` = ``sys.argv[1:]``).
 
     Returns:
-        The exit status: 0 on success (``mrl --help`` included), 2 on a configuration error
-        or no sub-command (the usage then goes to stderr), 1 on any other error, 130 when
+        The exit status: 0 on success (``mrl --help`` included), 2 on a configuration error,
+        a full disk (:func:`mrl_lightning.run_stop.disk_full_line`) or no sub-command (the usage
+        then goes to stderr), 1 on any other error, 130 when
         interrupted (Ctrl-C), 3 in a worker that stopped because a peer failed
         (:mod:`mrl_lightning.run_stop`).
     """

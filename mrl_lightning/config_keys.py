@@ -1,6 +1,6 @@
 """Config keys the CLI does not know: refused whole, with the nearest valid key named.
 
-Three gaps of the plain LightningCLI / jsonargparse parser, closed here:
+Gaps of the plain LightningCLI / jsonargparse parser, closed here:
 
 - Abbreviations. argparse accepts any unambiguous prefix of an option (``allow_abbrev``,
   on by default, and jsonargparse keeps it until its 5.0), so ``--trainer.max_step 3``
@@ -13,7 +13,15 @@ Three gaps of the plain LightningCLI / jsonargparse parser, closed here:
   dotted keys, command-line options and the ``init_args`` of any ``class_path``.
 - Empty config files. An empty YAML file (or one of comments only) loads as nothing and
   jsonargparse answers ``Unexpected config:`` with nothing after it; the file is named
-  instead, and so is a file whose top level is not a mapping.
+  instead, and so is a file whose top level is not a mapping, one that is not YAML and one
+  that is not UTF-8 (the byte, its offset, line and column).
+- Class paths that name no class. jsonargparse answers a misspelled ``class_path``
+  (``mrl_lightning.callbacks.SuccesGatedTransfer``) with a 10-line dump of the union it
+  tried, the cause on line 6. Each ``class_path`` of the ``--config`` files is imported
+  before the parse (:func:`class_path_problem`; jsonargparse imports them anyway) and one
+  that names no class is one line with the nearest valid classes of its field
+  (:data:`CLASS_FIELDS`); one given on the command line gets the same line from the parser's
+  error.
 """
 
 from __future__ import annotations
@@ -33,6 +41,20 @@ _TOP_KEY = re.compile(r"does not accept option '([^']+)'")
 _CLASS_KEY = re.compile(r"class_path '([\w.]+)':\s*\n\s*Option '([^']+)' is not accepted")
 _BARE_KEY = re.compile(r"^Option '([^']+)' is not accepted")
 _UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
+_CLASS_IMPORT = re.compile(r"Problem with given class_path '([\w.]+)':\s*\n\s*"
+                           r"((?:module '[\w.]+' has no attribute|No module named) '[\w.]+')"
+                           r"|Expected a dot import path string: (\w+)\s*$", re.M)
+_PARSER_KEY = re.compile(r'Parser key "([^"]+)"')
+
+CLASS_FIELDS = {
+    "trainer.callbacks": ("mrl_lightning.callbacks", "mrl_lightning.callbacks.base.MRLCallback"),
+    "model.reward_funcs": ("mrl_lightning.rewards", "mrl_lightning.rewards.base.RewardFunction"),
+    "model.policies": ("mrl_lightning.policy", "mrl_lightning.policy.PolicyModule"),
+    "model.policies.model": ("mrl_lightning.recipes", "mrl_lightning.model_source.ModelRecipe"),
+    "data": ("mrl_lightning.data", "mrl_lightning.data.stream.PromptDataModule"),
+}
+"""The ``class_path`` fields of a config, by key without list indices and ``init_args``: the
+package whose classes are valid there (named in "did you mean") and their base class."""
 
 
 def _close(word: str, valid: list[str]) -> list[str]:
@@ -58,6 +80,105 @@ def init_arg_names(class_path: str) -> list[str]:
     except (ImportError, AttributeError, ValueError, TypeError):
         return []
     return [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def _resolve(path: str) -> tuple[object | None, str | None]:
+    """``(object, None)`` for an import path that resolves, ``(None, why)`` for one that does not, ``(None, None)``
+    when the import itself failed on something else (a missing dependency of the module: the parse names it)."""
+    parts = path.split(".")
+    for i in range(len(parts) - 1, 0, -1):  # the longest prefix that is a module, the rest attributes
+        name = ".".join(parts[:i])
+        try:
+            obj = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue
+            return None, None
+        except Exception:  # noqa: BLE001 - a module that fails to import: the full parse reports it
+            return None, None
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return None, f"module {name!r} has no attribute {attr!r}"
+            obj, name = getattr(obj, attr), f"{name}.{attr}"
+        return obj, None
+    return None, f"no module named {parts[0]!r}"
+
+
+def _subclasses(base: type) -> list[type]:
+    out, todo = [], [base]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            out.append(sub)
+            todo.append(sub)
+    return out
+
+
+def valid_classes(kind: str) -> list[str]:
+    """Import paths of the classes valid at a ``class_path`` field (:data:`CLASS_FIELDS`; all of them for another
+    field): the package's public classes of the field's base class, the base itself only where it is the class."""
+    out = []
+    for package, base_path in [CLASS_FIELDS[kind]] if kind in CLASS_FIELDS else list(CLASS_FIELDS.values()):
+        module, base = importlib.import_module(package), _resolve(base_path)[0]
+        for name in getattr(module, "__all__", None) or dir(module):
+            obj = getattr(module, name, None)
+            if inspect.isclass(obj) and issubclass(obj, base) and (obj is not base or obj.__module__ == package):
+                out.append(f"{package}.{name}")
+    return sorted(set(out))
+
+
+def class_path_problem(class_path: str, kind: str) -> str | None:
+    """Why ``class_path`` names no class (``"module 'm' has no attribute 'X'"``); None when it does, or when only
+    the full parse can tell (a name without a module at a field of no known base, a module failing to import)."""
+    if "." not in class_path:  # jsonargparse takes a bare name of an imported subclass of the field's base
+        if kind not in CLASS_FIELDS:
+            return None
+        package, base_path = CLASS_FIELDS[kind]
+        importlib.import_module(package)  # its classes imported, as the parse will have them
+        base = _resolve(base_path)[0]
+        if class_path in {cls.__name__ for cls in _subclasses(base)} | {base.__name__}:
+            return None
+        return "no module given, and no imported class of this field has that name"
+    return _resolve(class_path)[1]
+
+
+def class_path_line(label: str, class_path: str, reason: str, kind: str) -> str:
+    """One line: the field, the class path, why it names no class and the nearest valid classes of the field."""
+    valid = valid_classes(kind)
+    by_name = {path.rpartition(".")[2]: path for path in valid}
+    name = class_path.rpartition(".")[2]
+    near = [by_name[n] for n in difflib.get_close_matches(name, list(by_name), n=3, cutoff=0.6)]
+    near = near or difflib.get_close_matches(class_path, valid, n=3, cutoff=0.6)
+    fix = (f"did you mean {' or '.join(map(repr, near))}?" if near
+           else f"valid: {', '.join(valid)}, or the import path of a class of your own.")
+    return f"{label}.class_path {class_path!r} names no class ({reason}); {fix}"
+
+
+def _class_paths(node, label: str = "", kind: str = ""):
+    """``(label, kind, class_path)`` of each ``class_path`` in a loaded config: label ``trainer.callbacks[1]``,
+    kind ``trainer.callbacks`` (the :data:`CLASS_FIELDS` key: no list index, no ``init_args``)."""
+    if isinstance(node, dict):
+        if isinstance(node.get("class_path"), str) and label:
+            yield label, kind, node["class_path"]
+        for key, value in node.items():
+            if key == "init_args":
+                yield from _class_paths(value, f"{label}.init_args", kind)
+            elif key != "class_path":
+                yield from _class_paths(value, f"{label}.{key}" if label else str(key),
+                                        f"{kind}.{key}" if kind else str(key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _class_paths(value, f"{label}[{i}]", kind)
+
+
+def _class_path_message(message: str) -> str | None:
+    """jsonargparse's dump of a ``class_path`` that names no class (one given on the command line) as one line."""
+    match = _CLASS_IMPORT.search(message)
+    if match is None:
+        return None
+    kind = ".".join(_PARSER_KEY.findall(message[:match.start()]))
+    class_path = match.group(1) or match.group(3)
+    reason = match.group(2) or class_path_problem(class_path, kind) or "not an import path"
+    return class_path_line(kind or "the", class_path, reason, kind)
 
 
 def _option_keys(parser) -> list[str]:
@@ -105,12 +226,15 @@ def config_file_problems(args: list[str]) -> list[str]:
     """Problems of the ``--config`` files named in ``args`` that jsonargparse reports without naming them.
 
     Returns:
-        One message per config file that is empty (or comments only), or whose top level
-        is not a mapping of keys. Files that are missing or not YAML are left to the parser.
+        One message per config file that is empty (or comments only), whose top level is not
+        a mapping of keys, that is not valid YAML or not UTF-8 (the first bad byte: its offset,
+        line and column), and one per ``class_path`` in it that names no class
+        (:func:`class_path_problem`, with the nearest valid classes). Missing files are left
+        to the parser.
     """
     paths = []
     for i, arg in enumerate(args):
-        if arg == "--config" and i + 1 < len(args):
+        if arg in ("--config", "-c") and i + 1 < len(args):
             paths.append(args[i + 1])
         elif arg.startswith("--config="):
             paths.append(arg.split("=", 1)[1])
@@ -119,8 +243,15 @@ def config_file_problems(args: list[str]) -> list[str]:
         file = Path(path)
         if not file.is_file():
             continue
+        raw = file.read_bytes()
         try:
-            data = yaml.safe_load(file.read_text())
+            data = yaml.safe_load(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            line, column = raw.count(b"\n", 0, e.start) + 1, e.start - raw.rfind(b"\n", 0, e.start)
+            problems.append(f"config file {path!r} is not UTF-8 text: byte 0x{raw[e.start]:02x} at offset {e.start} "
+                            f"(line {line}, column {column}) is not valid UTF-8; save the file as UTF-8 (an editor's "
+                            "'save with encoding', or: iconv -f <its encoding, e.g. latin1> -t utf-8).")
+            continue
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -128,15 +259,17 @@ def config_file_problems(args: list[str]) -> list[str]:
             tab = " (YAML does not allow tabs for indentation: use spaces)" if "'\\t'" in problem else ""
             problems.append(f"config file {path!r} is not valid YAML{where}: {problem}{tab}.")
             continue
-        except UnicodeDecodeError:
-            problems.append(f"config file {path!r} is not UTF-8 text.")
-            continue
         if data is None:
             problems.append(f"config file {path!r} is empty (or holds only comments): give a YAML mapping such as "
                             "'trainer: {max_steps: 10}', or leave the file out.")
         elif not isinstance(data, dict):
             problems.append(f"config file {path!r} holds a YAML {type(data).__name__}, not a mapping of keys "
                             "(trainer:, model:, data:, ...).")
+        else:
+            for label, kind, class_path in _class_paths(data):
+                reason = class_path_problem(class_path, kind)
+                if reason is not None:
+                    problems.append(f"config file {path!r}: {class_path_line(label, class_path, reason, kind)}")
     return problems
 
 
@@ -190,7 +323,10 @@ class MRLArgumentParser(LightningArgumentParser):
         block that would bury them (status 2)."""
         if not self.exit_on_error:  # a nested parser's attempt, not the final report
             return super().error(message, ex)
-        hints = suggestions(message, self)
+        one_line = _class_path_message(message)  # a class_path given on the command line (files: parse_args)
+        if one_line is not None:
+            message = one_line
+        hints = [] if one_line else suggestions(message, self)
         if hints:
             message = message.rstrip() + "\n" + "\n".join(hints)
         _quiet_usage[0] = True

@@ -91,7 +91,8 @@ def _read_argv(argv: list[str]) -> list[tuple[str, Any]] | None:
     ``--config`` file read as YAML, ``(dotted_key, value)`` for each ``--<key> <value>`` override.
 
     None when the reading is not sure of them: ``--help``, ``--print_config``, a section given
-    whole (``--trainer``, ``--model``), a config that is no readable YAML mapping.
+    whole (``--trainer``, ``--model``), a config that is no readable YAML mapping (not UTF-8
+    included: the parser names the file and the byte, :func:`mrl_lightning.config_keys.config_file_problems`).
     """
     import yaml
 
@@ -117,7 +118,7 @@ def _read_argv(argv: list[str]) -> list[tuple[str, Any]] | None:
                 events.append(("config", loaded))
             elif name.startswith("--"):
                 events.append((name[2:], yaml.safe_load(value)))
-        except (OSError, yaml.YAMLError):
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
             return None
     return events
 
@@ -400,5 +401,6 @@ def _expected_models(policies: dict, shapes: dict, datamodule) -> dict[str, dict
         source = policy.model_source
         unbuilt = isinstance(source, ModelRecipe) and source.built_folder(policy, datamodule) is None
         out[name] = {"family": shape.family, "adapter": bool(policy.use_peft), "shapes": shape.state_shapes,
+                     "lora_alpha": float(policy.lora_alpha) if policy.use_peft else None,
                      "open_size": shape.vocab if unbuilt else None}
     return out

@@ -5,7 +5,7 @@ A checkpoint holds, per policy, its model (every weight, or a LoRA policy's adap
 gathered in its group) and optimizer state (from the policy's group leader), every callback's state (merged over ranks by the callback,
 :meth:`~mrl_lightning.callbacks.base.MRLCallback.merge_rank_states`), the data position,
 the counters, every rank's RNG states, the placement, and a fingerprint of the config
-(each policy's family, kind and parameter shapes, the data parts) that a resume compares
+(each policy's family, kind, LoRA alpha and parameter shapes, the data parts) that a resume compares
 with its own config before building anything
 (:func:`~mrl_lightning.checkpoint.check_compatible`). Rank 0 writes ``last.ckpt``
 atomically (:func:`mrl_lightning.checkpoint.atomic_save`) and hard-links ``step=<k>.ckpt``
@@ -105,6 +105,7 @@ def save_run_checkpoint(folder: Path, step: int, *, workers, policies: dict, opt
         families = {name: family for g in gathered for name, family in g["families"].items()}
         state["fingerprint"] = {  # compared with the config before a resume builds anything (check_compatible)
             "policies": {name: {"family": families.get(name), "adapter": bool(policies[name].use_peft),
+                                "lora_alpha": float(policies[name].lora_alpha) if policies[name].use_peft else None,
                                 "shapes": {key: list(value.shape) for key, value in part["model"].items()}}
                          for name, part in state["policies"].items()},
             "data_parts": sorted(data_state.get("position", {})),
@@ -150,22 +151,24 @@ def restore_run_checkpoint(state: dict[str, Any], *, workers, policies: dict, op
         CheckpointError: a policy's weights do not fit the configured model.
     """
     for name in workers.local_policies:
-        saved = state["policies"][name]
+        saved, optimizer = state["policies"][name], optimizers[name]
+        # the saved param groups carry the writer's settings: this config's learning_rate, weight_decay and
+        # foreach are kept (the moments and step counts are the checkpoint's), so a resume applies the lr it logs
+        settings = [{key: group[key] for key in _CONFIG_SETTINGS if key in group} for group in optimizer.param_groups]
         try:
             if is_sharded(policies[name].model):  # full tensors in the checkpoint: each rank takes its shard
-                load_full_state(policies[name].model, optimizers[name], saved["model"], saved["optimizer"])
-                continue
-            policies[name].load_weights_state_dict(saved["model"])
+                load_full_state(policies[name].model, optimizer, saved["model"], saved["optimizer"])
+            else:
+                policies[name].load_weights_state_dict(saved["model"])
         except RuntimeError as exc:
             raise CheckpointError(
                 f"policy {name!r}: the checkpoint's weights do not fit the configured model "
                 f"({str(exc).splitlines()[0]} ...); resume with the config the checkpoint was made with."
             ) from exc
-        optimizer = optimizers[name]
-        foreach = [group.get("foreach") for group in optimizer.param_groups]
-        optimizer.load_state_dict(saved["optimizer"])
-        for group, value in zip(optimizer.param_groups, foreach):  # the saved groups carry the writer's choice
-            group["foreach"] = value
+        if not is_sharded(policies[name].model):
+            optimizer.load_state_dict(saved["optimizer"])
+        for group, kept in zip(optimizer.param_groups, settings):
+            group.update(kept)
     missing = [cb.state_key for cb in callbacks if cb.state_key not in state["callbacks"]]
     dropped = [key for key in state["callbacks"] if key not in {cb.state_key for cb in callbacks}]
     if missing or dropped:
@@ -178,6 +181,10 @@ def restore_run_checkpoint(state: dict[str, Any], *, workers, policies: dict, op
     for line in set_rng_state(ranks[rank] if rank < len(ranks) else ranks[0]):
         note(f"Note: {line}")
     return state["counters"]
+
+
+_CONFIG_SETTINGS = ("lr", "weight_decay", "foreach")
+"""Optimizer settings a resume takes from its config, not from the checkpoint (docs/loop.md, "Resuming")."""
 
 
 def to_cpu(obj: Any) -> Any:

@@ -8,6 +8,10 @@ exception ended the loop, what that rank prints and with which exit status it en
 - bad input (a ``ConfigError`` or ``CheckpointError`` in the cause chain): ``mrl:
   configuration error`` and its message (field, value, fix), naming the rank, its
   policies and the phase when there are several ranks; status 2.
+- a full disk (``OSError(ENOSPC)`` in the cause chain: a checkpoint, ``config.yaml``, a
+  log): ``mrl: disk full`` on one line naming the file and the disk, what is left to
+  resume from and what to do (:func:`disk_full_line`); status 2, as for bad input: the user
+  fixes it outside the code, and nothing half-written is left (:func:`mrl_lightning.checkpoint.atomic_write`).
 - Ctrl-C (``KeyboardInterrupt``): rank 0 prints the interrupted line
   (:func:`~mrl_lightning.progress.interrupted_line`), the other ranks nothing; status 130.
 - a failed or timed-out collective (:class:`~mrl_lightning.mwra.CollectiveError`: a peer
@@ -41,6 +45,7 @@ from typing import Callable
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.mwra.launcher import EXIT_PEER_STOPPED, exit_status_text
 from mrl_lightning.mwra.workers import CollectiveError, WorkerError
+from mrl_lightning.writable import disk_full_in, free_space_text
 
 PEER_WAIT_S = 5.0
 INTERRUPT_WAIT_S = 5.0
@@ -69,11 +74,14 @@ def config_error_in(exc: BaseException | None) -> ConfigError | None:
 def write_traceback(exc: BaseException, folder: str | Path | None, rank: int = 0) -> Path | None:
     """``exc``'s traceback in ``<folder>/traceback_rank<r>.txt`` (a temporary folder when None); None if unwritable."""
     text = "".join(traceback.format_exception(exc))
+    path = None
     try:
         path = Path(folder or tempfile.mkdtemp(prefix="mrl_error_")) / f"traceback_rank{rank}.txt"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     except OSError:
+        if path is not None and path.is_file():
+            path.unlink(missing_ok=True)  # no empty file left (a full disk)
         return None
     return path
 
@@ -91,6 +99,31 @@ def error_line(exc: BaseException, where: str = "", traceback_dir: str | Path | 
         return "".join(traceback.format_exception(exc)) + text
     path = write_traceback(exc, traceback_dir, rank)
     return text + (f" (traceback: {path}; MRL_TRACEBACK=1 prints it)" if path else "")
+
+
+def disk_full_line(error: OSError, ctx: "StopContext") -> str:
+    """``mrl: disk full[ (rank r: policies)][ in phase 'p' at step k]:`` and what failed, what is left and what to
+    do, one line (the rank when there are several).
+
+    The message of :func:`~mrl_lightning.checkpoint.atomic_write` says it all; a bare ``ENOSPC``
+    from elsewhere (a log, a traceback) gets the file when the error names it, the run folder's
+    disk and the checkpoint to resume from (``ctx.last_checkpoint``) or "start the run again".
+    """
+    at = f" in phase {ctx.stopped_in[0]!r} at step {ctx.stopped_in[1]}" if ctx.stopped_in else ""
+    who = ""
+    if ctx.world_size > 1:
+        policies = ", ".join(ctx.policies_of(ctx.rank))
+        who = f" (rank {ctx.rank}" + (f": {policies}" if policies else "") + ")"
+    text = error.strerror or ""
+    if not text.startswith("No space left on device while writing"):
+        file = f" while writing {error.filename}" if error.filename else ""
+        disk = free_space_text(error.filename or ctx.traceback_dir or ".")
+        last = ctx.last_checkpoint
+        then = (f"resume with --ckpt_path {shlex.quote(str(last))} (intact)" if last is not None and last.exists()
+                else "start the run again (no checkpoint of it was written)")
+        text = (f"No space left on device{file}" + (f" ({disk})" if disk else "") + ". Free disk space (or move "
+                f"trainer.default_root_dir to a disk with room), then {then}.")
+    return f"mrl: disk full{who}{at}: {text}"
 
 
 def config_error_text(error: ConfigError, where: str = "") -> str:
@@ -190,6 +223,10 @@ def _decide(exc: BaseException, ctx: StopContext) -> int:
         error = config_error_in(exc)
         if error is not None:
             ctx.err(config_error_text(error, _where(ctx, exc)))
+            return EXIT_CONFIG
+        full = disk_full_in(exc)
+        if full is not None:
+            ctx.err(disk_full_line(full, ctx))
             return EXIT_CONFIG
         if failed is None:  # this rank's own error (not one a worker's end caused here)
             ctx.err(error_line(exc, _where(ctx, exc), ctx.traceback_dir, ctx.rank, ctx.stopped_in))

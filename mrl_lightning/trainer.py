@@ -30,6 +30,7 @@ from lightning.fabric.loggers import TensorBoardLogger
 
 from mrl_lightning.builders import build_on_rank
 from mrl_lightning.callbacks.base import HookContext, MRLCallback, collect_services
+from mrl_lightning.checkpoint import atomic_write
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.lifeline import is_launched_worker
 from mrl_lightning.metrics import Global, Max, window_reduce
@@ -400,6 +401,19 @@ class MRLTrainer:
         self.optimizer_steps = dict(c["optimizer_steps"])
 
     def _write_config(self) -> None:
-        if self.config_text is not None and self.is_global_zero:
-            os.makedirs(self.log_dir, exist_ok=True)
-            Path(self.log_dir, "config.yaml").write_text(self.config_text)
+        """``config.yaml`` in the run folder, written atomically (:func:`~mrl_lightning.checkpoint.atomic_write`):
+        on a full disk no file is left, nor the run folder when this made it (docs/reliability.md, row 33b)."""
+        if self.config_text is None or not self.is_global_zero:
+            return
+        folder = Path(self.log_dir)
+        made = not folder.exists()
+        text = self.config_text.encode("utf-8")
+        try:
+            atomic_write(folder / "config.yaml", lambda fh: fh.write(text), lambda: (
+                "no step was trained: free disk space (or give --trainer.default_root_dir a folder on a disk with "
+                "room), then run the same command again."))
+        except OSError:
+            if made:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # still empty: the next run takes this version, as if none had started
+            raise

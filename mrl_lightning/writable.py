@@ -1,14 +1,18 @@
-"""Whether a folder can be written, found by trying (docs/reliability.md, "Configuration").
+"""Whether a folder can be written, found by trying, and whether an error is a full disk (docs/reliability.md).
 
 Permission bits do not answer it: root ignores them, and a read-only mount, a full disk or
 a path through a file refuse writes whatever they say. :func:`write_problem` finds the
-nearest folder of the path that exists and creates (and removes) a temporary file in it,
-so nothing is left behind and no folder is created by asking.
+nearest folder of the path that exists and writes a byte to a temporary file in it (an
+empty file needs no free block: a full disk accepts it), so nothing is left behind and no
+folder is created by asking. :func:`disk_full_in` finds ``ENOSPC`` behind another error
+(torch's zip writer hides it), for the one line a full disk gets (:mod:`mrl_lightning.run_stop`).
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -17,8 +21,9 @@ def write_problem(path: str | os.PathLike) -> str | None:
     """Why ``path`` (a folder, existing or to be created) cannot be written, or None when it can.
 
     Returns:
-        E.g. ``"read-only file system at '/mnt/ro'"`` or ``"'/data/file.txt' is a file, not a
-        folder"``; None when a file could be created.
+        E.g. ``"read-only file system at '/mnt/ro'"``, ``"no space left on device at '/mnt/full'
+        (64 KiB disk, 0 bytes free)"`` or ``"'/data/file.txt' is a file, not a
+        folder"``; None when a file could be created and written.
     """
     target = Path(path).expanduser().absolute()
     probe = target
@@ -29,8 +34,44 @@ def write_problem(path: str | os.PathLike) -> str | None:
     if not probe.is_dir():
         return f"{str(probe)!r} is a file, not a folder"
     try:
-        with tempfile.TemporaryFile(dir=probe):
-            pass
+        with tempfile.TemporaryFile(dir=probe, buffering=0) as fh:
+            fh.write(b"\0")
     except OSError as exc:
-        return f"{(exc.strerror or type(exc).__name__).lower()} at {str(probe)!r}"
+        full = f" ({free_space_text(probe)})" if exc.errno == errno.ENOSPC else ""
+        return f"{(exc.strerror or type(exc).__name__).lower()} at {str(probe)!r}{full}"
     return None
+
+
+def disk_full_in(exc: BaseException | None) -> OSError | None:
+    """The ``OSError(ENOSPC)`` that is ``exc`` or that it was raised from (its cause or context chain), or None.
+
+    torch.save's zip writer hides a failed write: its cleanup raises a ``RuntimeError``
+    ("unexpected pos ...") whose context is the ``OSError`` of the write.
+    """
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def free_space_text(path: str | os.PathLike) -> str:
+    """``"64 KiB disk, 0 bytes free"``: the disk holding ``path`` (its nearest existing folder); "" if unknown."""
+    probe = Path(path).expanduser().absolute()
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    try:
+        usage = shutil.disk_usage(probe)
+    except OSError:
+        return ""
+    return f"{_size(usage.total)} disk, {usage.free:,} bytes free"
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:g} {unit}" if unit == "bytes" else f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n} TiB"

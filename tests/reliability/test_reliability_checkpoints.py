@@ -38,29 +38,134 @@ class _FullDisk:
         return getattr(self.fh, name)
 
 
-def test_disk_full_mid_checkpoint_keeps_the_last_good_one_loadable(write_tiny_config, monkeypatch, capsys):
-    config = write_tiny_config(modify=lambda c: c["trainer"].update(max_steps=2, version="full", keep_checkpoints=5))
-    real_save = torch.save
-    saves = []
+ROOM = "free disk space (or move trainer.default_root_dir to a disk with room)"
 
-    def save(obj, fh, *args, **kwargs):  # the second checkpoint (step 2) meets a full disk half-way
+
+def _stop_line(err: str) -> str:
+    """The one ``mrl:`` line the run stopped with (nothing else of it on stderr: no traceback)."""
+    lines = [line for line in err.splitlines() if line.startswith("mrl:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def _full_disk_at(monkeypatch, step: int, room: int = 300_000) -> list[int]:
+    """torch.save meets a full disk half-way through the checkpoint of ``step``; the steps saved, in order."""
+    real_save, saves = torch.save, []
+
+    def save(obj, fh, *args, **kwargs):
         saves.append(obj["counters"]["global_step"])
-        target = _FullDisk(fh, room=300_000) if len(saves) == 2 else fh
-        return real_save(obj, target, *args, **kwargs)
+        return real_save(obj, _FullDisk(fh, room) if saves[-1] == step else fh, *args, **kwargs)
 
     monkeypatch.setattr(ckpt.torch, "save", save)
-    assert main(["fit", "--config", str(config)]) == 1  # one message, no traceback
-    monkeypatch.setattr(ckpt.torch, "save", real_save)
-    err = capsys.readouterr().err
-    folder = _run_dir(config, "full") / "checkpoints"
-    assert saves == [1, 2] and "Traceback" not in err
-    assert "mrl: error in phase 'checkpoint' at step 2: OSError: [Errno 28]" in err
-    assert f"while writing {folder / 'last.ckpt'}" in err and "previous last.ckpt is untouched" in err
-    assert "--ckpt_path" in err
-    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "step=1.ckpt"]  # no partial file left
-    assert load_checkpoint(folder / "last.ckpt")["counters"]["global_step"] == 1
+    return saves
+
+
+def test_disk_full_mid_checkpoint_keeps_the_last_good_one_loadable(write_tiny_config, monkeypatch, capsys):
+    config = write_tiny_config(modify=lambda c: c["trainer"].update(max_steps=2, version="full", keep_checkpoints=5))
+    saves = _full_disk_at(monkeypatch, step=2)
+    assert main(["fit", "--config", str(config)]) == 2  # one line: what is left and what to do
+    monkeypatch.undo()
+    line = _stop_line(capsys.readouterr().err)
+    run = _run_dir(config, "full")
+    last = run / "checkpoints" / "last.ckpt"
+    assert saves == [1, 2]
+    assert line.startswith(f"mrl: disk full in phase 'checkpoint' at step 2: No space left on device while writing "
+                           f"{last} (") and " disk, " in line and " bytes free); " in line, line
+    assert line.endswith(f"the partial file was removed and the previous last.ckpt is untouched: {ROOM}, then resume "
+                         f"with --ckpt_path {last}."), line
+    assert sorted(p.name for p in last.parent.iterdir()) == ["last.ckpt", "step=1.ckpt"]  # no partial file left
+    assert not list(run.glob("traceback_*"))
+    assert load_checkpoint(last)["counters"]["global_step"] == 1
     resumed = write_tiny_config("b.yaml", modify=lambda c: c["trainer"].update(max_steps=2, version="resumed"))
-    assert main(["fit", "--config", str(resumed), "--ckpt_path", str(folder / "last.ckpt")]) == 0
+    assert main(["fit", "--config", str(resumed), "--ckpt_path", str(last)]) == 0
+
+
+def test_disk_full_at_the_first_checkpoint_says_there_is_nothing_to_resume(write_tiny_config, monkeypatch, capsys):
+    config = write_tiny_config(modify=lambda c: c["trainer"].update(max_steps=2, version="first"))
+    _full_disk_at(monkeypatch, step=1)
+    assert main(["fit", "--config", str(config)]) == 2
+    line = _stop_line(capsys.readouterr().err)
+    folder = _run_dir(config, "first") / "checkpoints"
+    assert f"while writing {folder / 'last.ckpt'} (" in line, line
+    assert line.endswith(f"); the partial file was removed and no earlier last.ckpt exists, so this run cannot be "
+                         f"resumed: {ROOM}, then start the run again."), line
+    assert "--ckpt_path" not in line and list(folder.iterdir()) == []
+
+
+def test_disk_full_while_config_yaml_is_written_leaves_no_file_and_no_run_folder(write_tiny_config, monkeypatch,
+                                                                                   capsys):
+    import os
+
+    config = write_tiny_config(modify=lambda c: c["trainer"].update(version="cfg"))
+    real_fsync = os.fsync
+
+    def fsync(fd):  # the disk fills up after the config checks (the build wrote a cache on it): the first write fails
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert main(["fit", "--config", str(config)]) == 2
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    run = _run_dir(config, "cfg")
+    line = _stop_line(capsys.readouterr().err)
+    assert line.startswith(f"mrl: disk full: No space left on device while writing {run / 'config.yaml'} ("), line
+    assert line.endswith("the partial file was removed and no step was trained: free disk space (or give "
+                         "--trainer.default_root_dir a folder on a disk with room), then run the same command "
+                         "again."), line
+    assert not run.exists()  # no 0-byte config.yaml, no empty run folder: the same command starts version 'cfg' again
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """``tiny_disk(size, fill=0)``: a tmpfs of ``size`` mounted in ``tmp_path`` with ``fill`` bytes of it used
+    (root only: skipped where it cannot be mounted; the portable tests above patch the write instead)."""
+    import os
+    import shutil
+    import subprocess
+
+    mounted = []
+
+    def mount(size: str, fill: int = 0) -> Path:
+        folder = tmp_path / f"disk{len(mounted)}"
+        folder.mkdir()
+        if os.geteuid() != 0 or shutil.which("mount") is None:
+            pytest.skip("mounting a tmpfs needs root")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True,
+                              text=True)
+        if done.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(folder)
+        if fill:
+            (folder / "filler").write_bytes(b"\0" * fill)
+        return folder
+
+    yield mount
+    for folder in mounted:
+        subprocess.run(["umount", str(folder)], check=False)
+
+
+def test_a_run_folder_on_a_64k_disk_stops_at_its_first_checkpoint_with_one_line(write_tiny_config, tiny_disk, capsys):
+    disk = tiny_disk("64k")
+    config = write_tiny_config(modify=lambda c: c["trainer"].update(default_root_dir=str(disk), version="v"))
+    assert main(["fit", "--config", str(config)]) == 2
+    line = _stop_line(capsys.readouterr().err)
+    assert line.startswith(f"mrl: disk full in phase 'checkpoint' at step 1: No space left on device while writing "
+                           f"{disk / 'v' / 'checkpoints' / 'last.ckpt'} (64 KiB disk, "), line
+    assert line.endswith("no earlier last.ckpt exists, so this run cannot be resumed: " + ROOM
+                         + ", then start the run again."), line
+    assert list((disk / "v" / "checkpoints").iterdir()) == [] and (disk / "v" / "config.yaml").stat().st_size > 0
+
+
+def test_a_full_disk_is_refused_before_any_build_and_nothing_is_written(write_tiny_config, tiny_disk, capsys,
+                                                                        monkeypatch):
+    disk = tiny_disk("64k", fill=64 * 1024)
+    config = write_tiny_config(modify=lambda c: c["trainer"].update(default_root_dir=str(disk)))
+    monkeypatch.setattr("mrl_lightning.recipes.tiny.TinyCausalLM.materialize",
+                        lambda *a, **k: pytest.fail("built a model on a full disk"))
+    assert main(["fit", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert (f"trainer.default_root_dir={str(disk)!r} cannot be written (no space left on device at {str(disk)!r} "
+            "(64 KiB disk, 0 bytes free)); ") in err, err
+    assert sorted(p.name for p in disk.iterdir()) == ["filler"]
 
 
 @pytest.mark.parametrize("compress", [False, True])

@@ -67,6 +67,74 @@ def test_empty_or_non_mapping_yaml_is_named(tmp_path, write_tiny_config, no_mode
     assert f"config file {str(bad)!r} {expected}" in err
 
 
+def _one_error_line(err: str) -> str:
+    """The parser's one ``error:`` line (after jsonargparse's ``tip:`` line): nothing else is printed."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("tip: ") and lines[1].startswith("error: "), err
+    return lines[1]
+
+
+def _set_class_path(where, value):
+    def modify(c):
+        where(c)["class_path"] = value
+    return modify
+
+
+@pytest.mark.parametrize("where,given,label,reason,nearest", [
+    (lambda c: c["trainer"]["callbacks"][1], "mrl_lightning.callbacks.SuccesGatedTransfer", "trainer.callbacks[1]",
+     "module 'mrl_lightning.callbacks' has no attribute 'SuccesGatedTransfer'",
+     "'mrl_lightning.callbacks.SuccessGatedTransfer'"),
+    (lambda c: c["trainer"]["callbacks"][1], "SuccesGatedTransfer", "trainer.callbacks[1]",
+     "no module given, and no imported class of this field has that name",
+     "'mrl_lightning.callbacks.SuccessGatedTransfer'"),
+    (lambda c: c["model"]["reward_funcs"][0], "mrl_lightning.rewards.ReasoningGymAcuracy", "model.reward_funcs[0]",
+     "module 'mrl_lightning.rewards' has no attribute 'ReasoningGymAcuracy'",
+     "'mrl_lightning.rewards.ReasoningGymAccuracy'"),
+    (lambda c: c["data"], "mrl_lightning.dta.ReasoningGymDataModule", "data",
+     "module 'mrl_lightning' has no attribute 'dta'", "'mrl_lightning.data.ReasoningGymDataModule'"),
+    (lambda c: c["model"]["policies"][1], "mrl_lightning.policy.PolicyModul", "model.policies[1]",
+     "module 'mrl_lightning.policy' has no attribute 'PolicyModul'", "'mrl_lightning.policy.PolicyModule'"),
+    (lambda c: c["model"]["policies"][0]["init_args"]["model"], "mrl_lightning.recipes.TinyCasualLM",
+     "model.policies[0].init_args.model", "module 'mrl_lightning.recipes' has no attribute 'TinyCasualLM'",
+     "'mrl_lightning.recipes.TinyCausalLM'"),
+    (lambda c: c["model"]["reward_funcs"][0], "my_verifiers.ExactCheck", "model.reward_funcs[0]",
+     "no module named 'my_verifiers'", None),
+], ids=["callback", "callback-no-module", "reward", "data-module", "policy", "recipe", "own-module"])
+def test_misspelled_class_path_is_one_line_naming_the_field_and_the_nearest_classes(
+        write_tiny_config, no_model_build, capsys, where, given, label, reason, nearest):
+    config = write_tiny_config(modify=_set_class_path(where, given))
+    line = _one_error_line(_fit_error(capsys, "--config", str(config)))
+    expected = f"error: config file {str(config)!r}: {label}.class_path {given!r} names no class ({reason}); "
+    assert line.startswith(expected), line
+    tail = line[len(expected):]
+    if nearest is not None:
+        assert tail.startswith(f"did you mean {nearest}"), tail
+    else:  # nothing near: every valid class of the field is listed
+        assert tail.startswith("valid: ") and "mrl_lightning.rewards.ReasoningGymAccuracy" in tail, tail
+    assert not (config.parent / "runs").exists()  # refused before the run folder was made
+
+
+def test_misspelled_class_path_on_the_command_line_is_the_same_one_line(write_tiny_config, no_model_build, capsys):
+    err = _fit_error(capsys, "--config", str(write_tiny_config()), "--data.class_path",
+                     "mrl_lightning.data.ReasonGymDataModule")
+    assert _one_error_line(err) == (
+        "error: data.class_path 'mrl_lightning.data.ReasonGymDataModule' names no class (module 'mrl_lightning.data' "
+        "has no attribute 'ReasonGymDataModule'); did you mean 'mrl_lightning.data.ReasoningGymDataModule' or "
+        "'mrl_lightning.data.MathDataModule'?")
+
+
+def test_config_file_that_is_not_utf8_is_named_with_the_byte_and_the_fix(tmp_path, write_tiny_config, no_model_build,
+                                                                         capsys):
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("trainer:\n  max_steps: 3  # café\n".encode("latin-1"))
+    err = _fit_error(capsys, "--config", str(write_tiny_config()), "--config", str(latin1))
+    assert _one_error_line(err) == (
+        f"error: config file {str(latin1)!r} is not UTF-8 text: byte 0xe9 at offset 30 (line 2, column 22) is not "
+        "valid UTF-8; save the file as UTF-8 (an editor's 'save with encoding', or: iconv -f <its encoding, e.g. "
+        "latin1> -t utf-8).")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_option_prefix_is_refused_instead_of_expanded(write_tiny_config, no_model_build, capsys):
     err = _fit_error(capsys, "--config", str(write_tiny_config()), "--trainer.max_step", "3")
     assert "unrecognized arguments: --trainer.max_step 3" in err

@@ -191,15 +191,41 @@ def test_rank_zero_speaks_for_a_collective_that_timed_out_while_every_worker_run
 
 def test_any_other_error_is_one_line_with_the_traceback_in_a_file(tmp_path):
     try:
-        raise OSError(errno.ENOSPC, "No space left on device while writing last.ckpt")
+        raise OSError(errno.EIO, "Input/output error")
     except OSError as exc:
         error = exc
     ctx, lines = _context(world=1, traceback_dir=tmp_path, stopped_in=("checkpoint", 2))
     assert stop_run(error, ctx) == 1
     (line,) = lines["err"]
-    assert line.startswith("mrl: error in phase 'checkpoint' at step 2: OSError: [Errno 28] No space left")
+    assert line.startswith("mrl: error in phase 'checkpoint' at step 2: OSError: [Errno 5] Input/output error")
     assert "\n" not in line and "Traceback" not in line
     assert "Traceback (most recent call last)" in (tmp_path / "traceback_rank0.txt").read_text()
+
+
+@pytest.mark.parametrize("checkpoint", [True, False], ids=["after-a-checkpoint", "before-any"])
+def test_a_full_disk_anywhere_is_one_line_naming_the_file_and_what_to_resume_with_status_two(tmp_path, checkpoint):
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    if checkpoint:
+        last.parent.mkdir()
+        last.write_bytes(b"ckpt")
+    log = tmp_path / "exchange.jsonl"
+    try:  # a bare ENOSPC, as a log's write raises it, behind another error
+        try:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(log))
+        except OSError:
+            raise RuntimeError("the exchange log could not be appended")
+    except RuntimeError as exc:
+        error = exc
+    ctx, lines = _context(world=1, traceback_dir=tmp_path, stopped_in=("exchange", 7), last_checkpoint=last)
+    assert stop_run(error, ctx) == 2
+    (line,) = lines["err"]
+    then = (f"resume with --ckpt_path {last} (intact)" if checkpoint
+            else "start the run again (no checkpoint of it was written)")
+    assert line.startswith("mrl: disk full in phase 'exchange' at step 7: No space left on device while writing "
+                           f"{log} ("), line
+    assert line.endswith(f" bytes free). Free disk space (or move trainer.default_root_dir to a disk with room), then "
+                         f"{then}."), line
+    assert not list(tmp_path.glob("traceback_*"))  # the line says it all; no file is written on the full disk
 
 
 def test_the_watch_interrupts_the_main_thread_when_a_worker_fails(monkeypatch):
