@@ -71,6 +71,28 @@ def _close(word: str, valid: list[str]) -> list[str]:
     return difflib.get_close_matches(word, valid, n=3, cutoff=0.6)
 
 
+def _accepts_any_keyword(class_path: str) -> bool:
+    """True when the class's ``__init__`` takes ``**kwargs`` (any key is then its own business)."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        params = inspect.signature(getattr(importlib.import_module(module), name).__init__).parameters.values()
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return True
+    return any(p.kind == p.VAR_KEYWORD for p in params)
+
+
+def unknown_argument_line(class_path: str, key: str) -> str:
+    """One line for an ``init_args`` key the class does not take: removed (why) or the nearest valid ones."""
+    name = class_path.rsplit(".", 1)[-1]
+    removed = REMOVED_ARGUMENTS.get((name, key))
+    if removed is not None:
+        return f"{name} has no argument '{key}': {removed}"
+    valid = init_arg_names(class_path)
+    near = _close(key, valid)
+    hint = f"did you mean {' or '.join(map(repr, near))}?" if near else f"valid: {valid}."
+    return f"{name} has no argument '{key}'; {hint}"
+
+
 def init_arg_names(class_path: str) -> list[str]:
     """The ``__init__`` parameter names of a class given by its import path ([] if it cannot be imported)."""
     module, _, name = class_path.rpartition(".")
@@ -154,11 +176,12 @@ def class_path_line(label: str, class_path: str, reason: str, kind: str) -> str:
 
 
 def _class_paths(node, label: str = "", kind: str = ""):
-    """``(label, kind, class_path)`` of each ``class_path`` in a loaded config: label ``trainer.callbacks[1]``,
-    kind ``trainer.callbacks`` (the :data:`CLASS_FIELDS` key: no list index, no ``init_args``)."""
+    """``(label, kind, class_path, init_args)`` of each ``class_path`` in a loaded config: label
+    ``trainer.callbacks[1]``, kind ``trainer.callbacks`` (the :data:`CLASS_FIELDS` key: no list index, no
+    ``init_args``)."""
     if isinstance(node, dict):
         if isinstance(node.get("class_path"), str) and label:
-            yield label, kind, node["class_path"]
+            yield label, kind, node["class_path"], node.get("init_args")
         for key, value in node.items():
             if key == "init_args":
                 yield from _class_paths(value, f"{label}.init_args", kind)
@@ -192,6 +215,14 @@ def _option_keys(parser) -> list[str]:
     return sorted(set(keys))
 
 
+# Arguments a class had and no longer has: (class name, argument) -> why, and what to write instead.
+REMOVED_ARGUMENTS = {
+    ("SuccessGatedTransfer", "measure_share_every_n_steps"):
+        "it was removed: between measured steps the transfer's share of the update was not bounded "
+        "(docs/probes.md, \"Cost\"); SGT now measures and bounds it on every step. Delete the key.",
+}
+
+
 def suggestions(message: str, parser) -> list[str]:
     """"Did you mean" lines for the unknown keys named in a jsonargparse error message."""
     lines = []
@@ -202,10 +233,7 @@ def suggestions(message: str, parser) -> list[str]:
         lines.append(f"'{key}' is not a config key" + (f"; did you mean {' or '.join(map(repr, near))}?" if near
                                                          else "; `mrl fit --help` lists the valid ones."))
     for class_path, key in _CLASS_KEY.findall(message):
-        valid = init_arg_names(class_path)
-        near = _close(key, valid)
-        hint = f"did you mean {' or '.join(map(repr, near))}?" if near else f"valid: {valid}."
-        lines.append(f"{class_path.rsplit('.', 1)[-1]} has no argument '{key}'; {hint}")
+        lines.append(unknown_argument_line(class_path, key))
     for tail in _UNRECOGNIZED.findall(message):
         options = None
         for token in tail.split():
@@ -229,8 +257,9 @@ def config_file_problems(args: list[str]) -> list[str]:
         One message per config file that is empty (or comments only), whose top level is not
         a mapping of keys, that is not valid YAML or not UTF-8 (the first bad byte: its offset,
         line and column), and one per ``class_path`` in it that names no class
-        (:func:`class_path_problem`, with the nearest valid classes). Missing files are left
-        to the parser.
+        (:func:`class_path_problem`, with the nearest valid classes), or whose ``init_args`` hold
+        a key its class does not take (:func:`unknown_argument_line`: removed, or the nearest valid
+        keys). Missing files are left to the parser.
     """
     paths = []
     for i, arg in enumerate(args):
@@ -266,10 +295,14 @@ def config_file_problems(args: list[str]) -> list[str]:
             problems.append(f"config file {path!r} holds a YAML {type(data).__name__}, not a mapping of keys "
                             "(trainer:, model:, data:, ...).")
         else:
-            for label, kind, class_path in _class_paths(data):
+            for label, kind, class_path, init_args in _class_paths(data):
                 reason = class_path_problem(class_path, kind)
                 if reason is not None:
                     problems.append(f"config file {path!r}: {class_path_line(label, class_path, reason, kind)}")
+                elif isinstance(init_args, dict) and not _accepts_any_keyword(class_path):
+                    valid = set(init_arg_names(class_path))
+                    problems.extend(f"config file {path!r}: {label}.init_args: {unknown_argument_line(class_path, key)}"
+                                    for key in init_args if key not in valid)
     return problems
 
 

@@ -123,6 +123,24 @@ def test_misspelled_class_path_on_the_command_line_is_the_same_one_line(write_ti
         "'mrl_lightning.data.MathDataModule'?")
 
 
+@pytest.mark.parametrize("key,tail", [
+    ("lambda_sgtt", "; did you mean 'lambda_sgt'?"),
+    ("measure_share_every_n_steps", ": it was removed: between measured steps the transfer's share of the update "
+                                    "was not bounded (docs/probes.md, \"Cost\"); SGT now measures and bounds it on "
+                                    "every step. Delete the key."),
+], ids=["misspelled", "removed"])
+def test_an_argument_the_class_does_not_take_is_one_line_before_the_parse(write_tiny_config, no_model_build, capsys,
+                                                                          key, tail):
+    def modify(c):
+        c["trainer"]["callbacks"][1].setdefault("init_args", {})[key] = 10
+
+    config = write_tiny_config(modify=modify)
+    line = _one_error_line(_fit_error(capsys, "--config", str(config)))
+    assert line == (f"error: config file {str(config)!r}: trainer.callbacks[1].init_args: SuccessGatedTransfer has no "
+                    f"argument '{key}'{tail}")
+    assert not (config.parent / "runs").exists()
+
+
 def test_config_file_that_is_not_utf8_is_named_with_the_byte_and_the_fix(tmp_path, write_tiny_config, no_model_build,
                                                                          capsys):
     latin1 = tmp_path / "latin1.yaml"
