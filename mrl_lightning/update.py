@@ -34,10 +34,12 @@ import torch
 from torch import Tensor
 
 from mrl_lightning.batch import AuxiliaryLoss, TrainBatch
+from mrl_lightning.grpo_terms import finish_loss_metrics, note_loss_stats, top_entropy_mask, zero_gradients
 from mrl_lightning.metrics import Max, Mean, Min, Sum
 from mrl_lightning.numerics import gradient_norm, skip_nonfinite_update
 from mrl_lightning.objectives.aux_share import backward_aux_losses
 from mrl_lightning.objectives.grpo import group_advantages, grpo_loss, masked_mean
+from mrl_lightning.objectives.loss_types import GRPO, LOSS_TYPES
 from mrl_lightning.policy import PolicyModule
 from mrl_lightning.rollout.sampler_correction import correct_sampler_mismatch
 
@@ -128,7 +130,7 @@ def _autocast(fabric):
 
 
 def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimizer,
-                  reduce_gradients: Reduce | None = None) -> dict[str, float]:
+                  reduce_gradients: Reduce | None = None, gather: Callable | None = None) -> dict[str, float]:
     """One policy's update on its composed batch, in the order of the module docstring.
 
     Args:
@@ -140,6 +142,8 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
         optimizer: The policy's Fabric-wrapped optimizer.
         reduce_gradients: Sums the ``.grad`` of the given parameters over the policy's group of
             ranks, in place (after the GRPO backward, and after each auxiliary term's); None = one rank.
+        gather: An object from every rank of the policy's group, as a list (``Workers.group_gather``); the
+            ``top_entropy_quantile`` threshold is taken over the group's tokens; None = one rank.
 
     Returns:
         Metrics of the last iteration under ``train/<p>/`` (loss, KL, clip ratios, entropy,
@@ -156,7 +160,7 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
     r = batch.scored.rollouts
     p = policy.policy_name
     n_local = r.completion_ids.shape[0]
-    micro = policy.micro_batch_size or n_local
+    micro = policy.micro_batch_size or max(n_local, 1)
     slices = [slice(i, i + micro) for i in range(0, n_local, micro)]
 
     def logprobs(sl, module, entropy=False):
@@ -164,14 +168,14 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
                                           r.completion_mask[sl], model=module, with_entropy=entropy)
 
     ref = None
-    if policy.beta > 0:  # the reference scores in the update's precision (autocast), like the policy
+    if policy.beta > 0 and slices:  # the reference scores in the update's precision (autocast), like the policy
         module, off = (policy.model, policy.model.disable_adapter()) if policy.is_adapter \
             else (policy.ref_model, contextlib.nullcontext())  # LoRA: the base is the reference
         with torch.no_grad(), _autocast(fabric), off:
             ref = torch.cat([logprobs(sl, module)[0] for sl in slices])
     metrics: dict[str, float] = {}
     sampler_weights = None
-    if r.sampling_logprobs is not None:  # another engine sampled (vLLM): docs/rollout.md
+    if r.sampling_logprobs is not None and slices:  # another engine sampled (vLLM): docs/rollout.md
         with torch.no_grad():  # the update's own forward (same precision context) gives the old log-probs
             trainer_logp = torch.cat([logprobs(sl, model)[0] for sl in slices])
         sampler_weights, sampler_metrics = correct_sampler_mismatch(policy, r, trainer_logp)
@@ -183,8 +187,11 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
     fused, measured = _split_fused(policy, batch)
     for iteration in range(policy.num_iterations):
         optimizer.zero_grad(set_to_none=True)
+        entropy_mask = top_entropy_mask(policy, r, loss_mask(policy, r), model, gather)
         metrics.update(_grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_weights,
-                                      entropy=iteration == 0, fused=fused, totals=totals))
+                                      entropy=iteration == 0, fused=fused, totals=totals, entropy_mask=entropy_mask))
+        if not slices:  # no group on this rank (dynamic sampling): a zero gradient, as a rank with rows sums
+            zero_gradients(trainable(policy))
         metrics[aux_key] += metrics.pop("_fused_time_s", 0.0)
         params = trainable(policy)
         reduce(params)
@@ -256,7 +263,7 @@ def _join_rows(own: tuple[Tensor, ...], extra: list[tuple[Tensor, ...]], pad_id:
 
 
 def _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_weights, entropy: bool,
-                   fused: list | None = None, totals: dict | None = None) -> dict:
+                   fused: list | None = None, totals: dict | None = None, entropy_mask: Tensor | None = None) -> dict:
     """Step 1: the GRPO loss forward and backward per micro-batch; returns its metrics.
 
     Loss parts are divided by the group's totals, so they sum to the group's loss
@@ -279,6 +286,7 @@ def _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_
     local_tokens = float(mask.sum().clamp(min=1))
     sums = {"loss": 0.0, "kl": 0.0, "clip_low": 0.0, "clip_high": 0.0, "entropy": 0.0}
     ratios: list[float] = []
+    stats: dict[str, list[float]] = {}
     fused_metrics: dict[str, float] = {}
     for i, sl in enumerate(slices):
         extra_loss, t0 = None, time.perf_counter()
@@ -288,12 +296,11 @@ def _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_
         else:
             logp, ent = logprobs(sl, model, entropy=entropy)
         out = grpo_loss(
-            logp, r.old_logprobs[sl], advantages[sl], mask[sl], loss_type=policy.loss_type,
-            epsilon=policy.epsilon, epsilon_high=policy.epsilon_high, beta=policy.beta,
-            use_bias_correction_kl=policy.use_bias_correction_kl, kl_log_ratio_clamp=policy.kl_log_ratio_clamp,
-            ref_logp=None if ref is None else ref[sl], max_completion_length=policy.max_completion_length,
-            num_sequences=n_seq, num_tokens=n_tokens,
+            logp, r.old_logprobs[sl], advantages[sl], mask[sl], **policy.loss_options(),
+            ref_logp=None if ref is None else ref[sl], num_sequences=n_seq, num_tokens=n_tokens,
             sampler_weights=None if sampler_weights is None else sampler_weights[sl],
+            entropy_mask=None if entropy_mask is None else entropy_mask[sl],
+            sampling_logp=None if r.sampling_logprobs is None else r.sampling_logprobs[sl].to(logp.device),
         )
         if extra_loss is None:
             fabric.backward(out.loss)
@@ -313,6 +320,7 @@ def _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_
         if mask[sl].any():
             counted = out.ratio.detach()[mask[sl]]
             ratios += [float(counted.min()), float(counted.max())]
+        note_loss_stats(stats, out, mask[sl], share)
     weight = float(mask.sum())
     out_metrics = {
         f"train/{p}/loss": Sum(sums["loss"]),
@@ -324,6 +332,7 @@ def _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_
         out_metrics[f"train/{p}/kl_nats"] = Mean(sums["kl"], weight)
     if entropy:
         out_metrics[f"train/{p}/entropy_nats"] = Mean(sums["entropy"], weight)
+    finish_loss_metrics(out_metrics, stats, f"train/{p}/", weight, issubclass(LOSS_TYPES[policy.loss_type], GRPO))
     out_metrics.update(fused_metrics)
     return out_metrics
 
