@@ -81,28 +81,32 @@ def warmup_learning_rate(policy: PolicyModule, optimizer) -> float:
 
 
 def new_train_batch(policy: PolicyModule, scored, group_sum: Callable[[dict], dict] | None = None,
-                    group_size: int = 1) -> TrainBatch:
+                    group_size: int = 1, keep: Tensor | None = None) -> TrainBatch:
     """The policy's batch before the probes: plain GRPO advantages and this rank's loss normalizers.
 
     With ``scale_rewards: batch`` on a group of several ranks the std is the whole batch's,
     from the group's pooled moments (n, sum, sum of squares; Bessel-corrected), so k ranks
-    scale as one rank on the whole batch (docs/grpo.md).
+    scale as one rank on the whole batch (docs/grpo.md). With ``keep`` (dynamic sampling) the
+    normalizers and the batch std are the kept groups' (the groups the GRPO term trains on).
 
     Args:
         policy: The policy.
         scored: Its :class:`~mrl_lightning.batch.ScoredRollouts` on this rank.
         group_sum: Sums a dict of floats over the policy's ranks (:meth:`~mrl_lightning.mwra.Workers.group_sum`).
         group_size: Ranks in the policy's group.
+        keep: ``[B]`` bool, the groups the GRPO term trains on (:mod:`mrl_lightning.dynamic_sampling`); None = all.
     """
     batch_std = None
-    if policy.scale_rewards == "batch" and group_size > 1 and group_sum is not None:
-        valid = scored.rewards[~torch.isnan(scored.rewards)].double()
-        moments = group_sum({"n": float(valid.numel()), "sum": float(valid.sum()), "sumsq": float(valid.pow(2).sum())})
+    trained = scored if keep is None else scored.select_groups([int(b) for b in torch.nonzero(keep).flatten()])
+    if policy.scale_rewards == "batch" and (group_size > 1 or keep is not None):
+        valid = trained.rewards[~torch.isnan(trained.rewards)].double()
+        moments = {"n": float(valid.numel()), "sum": float(valid.sum()), "sumsq": float(valid.pow(2).sum())}
+        moments = group_sum(moments) if group_sum is not None and group_size > 1 else moments
         n = max(moments["n"], 1.0)
         var = max(moments["sumsq"] - moments["sum"] ** 2 / n, 0.0) / max(n - 1.0, 1.0)
         batch_std = torch.tensor(var, dtype=scored.rewards.dtype).sqrt()
     advantages = group_advantages(scored.rewards, policy.scale_rewards, batch_std=batch_std)
-    return TrainBatch(scored, advantages, counts=loss_counts(policy, scored.rollouts))
+    return TrainBatch(scored, advantages, counts=loss_counts(policy, trained.rollouts), keep=keep)
 
 
 def mark_for_rescoring(rollouts) -> None:
