@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from mrl_lightning.callbacks.base import MRLCallback
 
 
@@ -36,5 +34,3 @@ class ComposeRecorder(MRLCallback):
                 merged[key] = [a + b for a, b in zip(merged.get(key, [0, 0, 0]), row)]
         return {"seen": merged}
 
-
-__all__ = ["ComposeRecorder", "torch"]
