@@ -7,9 +7,12 @@
    engine sampled (``sampling_logprobs`` set: vLLM, or mixed precision), the update's own
    no-grad scores as old log-probs with the sampler mismatch corrected
    (:func:`~mrl_lightning.rollout.sampler_correction.correct_sampler_mismatch`, docs/rollout.md);
-1. the GRPO loss forward and backward per micro-batch of ``micro_batch_size`` sequences,
-   each divided by the whole group's normalizers (``batch.group_counts``: sequences and
-   tokens over the policy's ranks), so any split and any number of ranks give one gradient;
+1. the GRPO loss (the policy's ``loss_type`` and importance level, with the masks on the
+   policy term: :func:`~mrl_lightning.grpo_terms.top_entropy_mask`, docs/grpo.md) forward and
+   backward per micro-batch of ``micro_batch_size`` sequences, each divided by the whole
+   group's normalizers (``batch.group_counts``: sequences and tokens over the policy's
+   ranks), so any split and any number of ranks give one gradient; a rank with no rows
+   (dynamic sampling kept none of its groups) holds a zero gradient;
 2. the group's gradient reduction (``reduce_gradients``: a sum over the policy's ranks);
 3. the probes' auxiliary terms, each backpropagated and reduced on its own, and each term's
    share of the update bounded by its ``max_grad_share``, measured on the group-reduced

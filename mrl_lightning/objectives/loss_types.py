@@ -25,6 +25,7 @@ Sources of the formulas (TRL 1.16 ``GRPOTrainer._compute_loss`` computes the sam
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from typing import ClassVar
@@ -83,6 +84,7 @@ class LossType:
         raise NotImplementedError
 
     @classmethod
+    @functools.cache
     def reads(cls) -> tuple[str, ...]:
         """The options (TRL names) this type's ``__init__`` takes."""
         return tuple(p for p in inspect.signature(cls.__init__).parameters if p != "self")
