@@ -121,3 +121,17 @@ def test_averaging_micro_batch_losses_would_not_be_invariant(invariant_lm_dir, r
                                  num_tokens=float(m.sum())).loss) for s in slices)
     assert shared == pytest.approx(full, abs=1e-6)
     assert abs(naive - full) > 1e-3
+
+
+@pytest.mark.parametrize("options", [dict(), dict(beta=0.1, top_entropy_quantile=0.5, micro_batch_size=2)])
+def test_a_rank_with_no_kept_group_holds_a_zero_gradient(invariant_lm_dir, rollout, options):
+    """Dynamic sampling can leave a rank (or a step) with no GRPO row: the update runs, on a zero gradient,
+    as the rank's share of a group's summed gradient must be."""
+    micro = options.pop("micro_batch_size", None)
+    policy = _policy(invariant_lm_dir, micro, **options)
+    optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.1)
+    empty = rollout.select_rows([])
+    batch = TrainBatch(scored=SimpleNamespace(rollouts=empty), advantages=torch.zeros(0, G))
+    metrics = policy_update(policy, batch, policy.model, FABRIC, optimizer)
+    assert all(p.grad is not None and not p.grad.any() for p in policy.model.parameters())
+    assert metrics["train/p/loss"] == 0.0 and metrics["train/p/grad_norm"] == 0.0
