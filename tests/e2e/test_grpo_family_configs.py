@@ -1,4 +1,4 @@
-"""Each GRPO-family member's documented override parses through the CLI and is valid; bad ones stop early (docs/grpo.md).
+"""Each GRPO-family member's documented override parses through the CLI and is valid (docs/grpo.md).
 
 The commands are read from docs/grpo.md's "One config per family member" block, so the page
 and the test cannot drift apart. Each passes the checks ``mrl fit`` makes before it parses

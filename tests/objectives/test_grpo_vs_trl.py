@@ -198,8 +198,9 @@ def test_trl_knobs_give_trl_numbers(setup, loss_type, knob, split):
     if knob == "delta" and loss_type in ("cispo", "sapo", "vespo"):
         pytest.skip("delta is read by the clipped loss types only")
     if "sampler_weights" in options:  # the weights the update hands over (TRL computes the same from vLLM's)
-        options["sampler_weights"] = importance_weights(setup.old, setup.sampler, setup.mask, options["sampler_weights"],
-                                                        clip_max=1.2, clip_min=0.8)
+        mode = options["sampler_weights"]
+        options["sampler_weights"] = importance_weights(setup.old, setup.sampler, setup.mask, mode, clip_max=1.2,
+                                                        clip_min=0.8)
     options.setdefault("epsilon_high", 5.0 if loss_type == "cispo" else None)
     level = "sequence" if loss_type == "luspo" else "token"
     ours = our_loss(setup, loss_type, level, 0.04, True, split, **options)
