@@ -8,10 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor
 
 from mrl_lightning.data.items import PromptItem
-from mrl_lightning.rollout.base import RolloutBatch
+from mrl_lightning.rollout.base import RolloutBatch, concat_rollouts
 
 if TYPE_CHECKING:
     from mrl_lightning.policy import PolicyModule
@@ -45,11 +46,39 @@ class ScoredRollouts:
     def num_generations(self) -> int:
         return self.rewards.shape[1]
 
+    def select_groups(self, groups: list[int]) -> ScoredRollouts:
+        """The groups (prompts) ``groups`` of this batch, in that order."""
+        g = self.num_generations
+        rows = [b * g + k for b in groups for k in range(g)]
+        index = torch.tensor(groups, dtype=torch.long)
+        return ScoredRollouts(self.policy, [self.items[b] for b in groups], self.rollouts.select_rows(rows),
+                              self.rewards_per_func[torch.tensor(rows, dtype=torch.long)], self.rewards[index],
+                              self.success[index], [self.prompt_texts[b] for b in groups],
+                              self.verifier_rewards[torch.tensor(rows, dtype=torch.long)])
+
     def own_prompt_ids(self, b: int) -> list[int]:
         """Prompt ``b``'s token ids as this policy's own rollouts had them (left padding removed):
         rendered, encoded and truncated by the policy itself, BOS and template head kept."""
         row = b * self.num_generations
         return self.rollouts.prompt_ids[row][self.rollouts.prompt_mask[row]].tolist()
+
+
+def concat_scored(parts: list[ScoredRollouts], pad_id: int) -> ScoredRollouts:
+    """One policy's scored rollouts of several generation batches, their groups one after another.
+
+    Raises:
+        ValueError: ``parts`` is empty.
+    """
+    if not parts:
+        raise ValueError("concat_scored needs at least one ScoredRollouts.")
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    return ScoredRollouts(first.policy, [x for p in parts for x in p.items],
+                          concat_rollouts([p.rollouts for p in parts], pad_id),
+                          torch.cat([p.rewards_per_func for p in parts]), torch.cat([p.rewards for p in parts]),
+                          torch.cat([p.success for p in parts]), [t for p in parts for t in p.prompt_texts],
+                          torch.cat([p.verifier_rewards for p in parts]))
 
 
 class AuxiliaryLoss:
@@ -106,6 +135,9 @@ class TrainBatch:
             of the policy's ranks, in one order, set by the loop with ``group_counts`` on a group
             of several ranks (each rank then reduces every term's gradient, also one it has
             none of); None = this rank's terms.
+        keep: ``[B]`` bool, the groups the GRPO term trains on (dynamic sampling: groups with a
+            signal, the first ``data.batch_size`` of the step; docs/grpo.md); None = every group.
+            ``counts`` hold the kept groups' rows only; the probes see every group.
     """
 
     scored: ScoredRollouts
@@ -115,6 +147,16 @@ class TrainBatch:
     counts: dict[str, float] = field(default_factory=dict)
     group_counts: dict[str, float] | None = None
     group_terms: list[tuple[str, float | None, float | None]] | None = None
+    keep: Tensor | None = None
+
+    def for_update(self) -> TrainBatch:
+        """This batch with only the :attr:`keep` groups' own rows and advantages (itself when ``keep`` is None);
+        auxiliary terms, metrics and counts are shared."""
+        if self.keep is None:
+            return self
+        groups = [int(b) for b in torch.nonzero(self.keep).flatten()]
+        return TrainBatch(self.scored.select_groups(groups), self.advantages[torch.tensor(groups, dtype=torch.long)],
+                          self.aux_losses, self.metrics, self.counts, self.group_counts, self.group_terms)
 
     def total(self, key: str) -> float:
         """``group_counts[key]`` once summed over the group, else this rank's ``counts[key]``."""

@@ -55,9 +55,31 @@ class PolicyModule(pl.LightningModule):
         epsilon: Lower clip of the ratio (TRL ``epsilon``).
         epsilon_high: Upper clip; None = ``epsilon`` (TRL ``epsilon_high``).
         num_iterations: mu, optimizer steps on each step's batch (TRL ``num_iterations``).
-        loss_type: "grpo", "bnpo", "dr_grpo" or "dapo" (TRL ``loss_type``).
+        loss_type: "grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo" or "vespo" (TRL
+            ``loss_type``; docs/grpo.md, "Loss types").
         scale_rewards: "group", "batch" or "none" (TRL ``scale_rewards``).
         mask_truncated_completions: Drop completions without EOS from the loss (TRL).
+        importance_sampling_level: "token" (one ratio per token) or "sequence" (GSPO: one ratio per
+            completion, the exponential of its mean log-ratio); "sequence" with grpo, sapo, luspo
+            only (TRL ``importance_sampling_level``).
+        delta: Two-sided clipping: the unclipped ratio is capped at delta (> 1; TRL ``delta``,
+            INTELLECT-2); clipped loss types only; None = off.
+        sapo_temperature_pos: SAPO's gate temperature where A > 0 (TRL, same name and default).
+        sapo_temperature_neg: SAPO's gate temperature where A <= 0 (TRL, same name and default).
+        vespo_k_pos: VESPO's power k where A >= 0 (TRL, same name and default).
+        vespo_lambda_pos: VESPO's decay lambda where A >= 0 (TRL, same name and default).
+        vespo_k_neg: VESPO's power k where A < 0 (TRL, same name and default).
+        vespo_lambda_neg: VESPO's decay lambda where A < 0 (TRL, same name and default).
+        top_entropy_quantile: rho in [0, 1]: only the top-rho share of counted tokens by entropy keep
+            their policy term (TRL, same name; 1 = every token; the paper uses 0.2).
+        off_policy_mask_threshold: Drop the policy term of a negative-advantage completion whose mean
+            ``log pi_sampler - log pi_theta`` exceeds this (nats, > 0; TRL, same name); None = off.
+        filter_groups: DAPO's dynamic sampling (verl's ``filter_groups``): groups whose rewards are
+            all equal leave this policy's GRPO term and more prompts are drawn, from this policy's
+            own draws of the data, until the batch has ``data.batch_size`` groups with a signal
+            (docs/grpo.md, "Dynamic sampling").
+        max_num_gen_batches: Generation batches (of ``data.batch_size`` prompts) per step at most,
+            the first included (verl's name); when reached, the step trains on the groups it has.
         micro_batch_size: Sequences per forward/backward; None = the whole batch.
         warmup_steps: Linear learning-rate warm-up: optimizer step k (from 0) uses
             ``learning_rate * min(1, (k + 1) / warmup_steps)`` (TRL ``warmup_steps``, without
@@ -146,6 +168,18 @@ class PolicyModule(pl.LightningModule):
         loss_type: str = "dapo",
         scale_rewards: str = "group",
         mask_truncated_completions: bool = False,
+        importance_sampling_level: str = "token",
+        delta: float | None = None,
+        sapo_temperature_pos: float = 1.0,
+        sapo_temperature_neg: float = 1.05,
+        vespo_k_pos: float = 2.0,
+        vespo_lambda_pos: float = 3.0,
+        vespo_k_neg: float = 3.0,
+        vespo_lambda_neg: float = 2.0,
+        top_entropy_quantile: float = 1.0,
+        off_policy_mask_threshold: float | None = None,
+        filter_groups: bool = False,
+        max_num_gen_batches: int = 10,
         micro_batch_size: int | None = None,
         warmup_steps: int = 0,
         strong_parts: list[str] | None = None,
@@ -188,6 +222,12 @@ class PolicyModule(pl.LightningModule):
         self.use_bias_correction_kl, self.kl_log_ratio_clamp = use_bias_correction_kl, kl_log_ratio_clamp
         self.num_iterations, self.loss_type, self.scale_rewards = num_iterations, loss_type, scale_rewards
         self.mask_truncated_completions = mask_truncated_completions
+        self.importance_sampling_level, self.delta = importance_sampling_level, delta
+        self.sapo_temperature_pos, self.sapo_temperature_neg = sapo_temperature_pos, sapo_temperature_neg
+        self.vespo_k_pos, self.vespo_lambda_pos = vespo_k_pos, vespo_lambda_pos
+        self.vespo_k_neg, self.vespo_lambda_neg = vespo_k_neg, vespo_lambda_neg
+        self.top_entropy_quantile, self.off_policy_mask_threshold = top_entropy_quantile, off_policy_mask_threshold
+        self.filter_groups, self.max_num_gen_batches = filter_groups, max_num_gen_batches
         self.micro_batch_size = micro_batch_size
         self.warmup_steps = warmup_steps
         self.strong_parts = strong_parts
@@ -221,6 +261,15 @@ class PolicyModule(pl.LightningModule):
         errors.extend(position_errors(self))
         errors.extend(source_errors(self))  # loads the tokenizer of a folder or hub id (policy_checks)
         return errors
+
+    def loss_options(self) -> dict:
+        """This policy's objective settings as :func:`~mrl_lightning.objectives.grpo.grpo_loss` takes them
+        (TRL names; docs/grpo.md)."""
+        keys = ("loss_type", "epsilon", "epsilon_high", "beta", "use_bias_correction_kl", "kl_log_ratio_clamp",
+                "max_completion_length", "importance_sampling_level", "off_policy_mask_threshold", "delta",
+                "sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
+                "vespo_lambda_neg")
+        return {key: getattr(self, key) for key in keys}
 
     @property
     def ref_model(self) -> torch.nn.Module | None:

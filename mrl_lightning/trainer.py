@@ -31,6 +31,7 @@ from lightning.fabric.loggers import TensorBoardLogger
 from mrl_lightning.builders import build_on_rank
 from mrl_lightning.callbacks.base import HookContext, MRLCallback, collect_services
 from mrl_lightning.checkpoint import atomic_write
+from mrl_lightning.dynamic_sampling import extra_samples, sample_until_full
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.lifeline import is_launched_worker
 from mrl_lightning.metrics import Global, Max, window_reduce
@@ -303,14 +304,16 @@ class MRLTrainer:
     def training_step(self, model, datamodule) -> dict[str, float]:
         """One training step of every policy this rank runs (docs/loop.md); returns this rank's scalars of it.
 
-        Rollouts (this rank's shard, per policy) -> ``on_rollouts_end`` -> per policy: plain GRPO
-        advantages, ``on_compose_batch``, the group's normalizers and term names, the update
+        Rollouts (this rank's shard, per policy; a ``filter_groups`` policy's extra generation
+        batches, :mod:`mrl_lightning.dynamic_sampling`) -> ``on_rollouts_end`` (every batch's
+        rollouts) -> per policy: plain GRPO advantages, ``on_compose_batch`` (every group), the
+        kept groups only, the group's normalizers and term names, the update
         (:func:`mrl_lightning.update.policy_update`); docs/architecture.md has the order.
         """
         w = self.workers
         start = time.perf_counter()
         items = datamodule.next_batch()
-        scored, metrics = {}, {}
+        scored, metrics, keep, extra = {}, {}, {}, {}
         with w.phase("rollout", self.global_step + 1):
             for name in w.local_policies:
                 t0 = time.perf_counter()
@@ -319,6 +322,11 @@ class MRLTrainer:
                 seeds = [stream_seed(self._run_seed(), name, "rollout", self.rollout_step, b) for b in positions]
                 scored[name] = model.rollout(policy, [items[b] for b in positions], prompt_seeds=seeds,
                                              seed=stream_seed(self._run_seed(), name, "rollout", self.rollout_step))
+                if policy.filter_groups:  # DAPO's dynamic sampling: its own extra generation batches
+                    scored[name], keep[name], more, extra[name] = sample_until_full(
+                        model, policy, datamodule, w, items, scored[name], run_seed=self._run_seed(),
+                        rollout_step=self.rollout_step)
+                    metrics.update(more)
                 if self.precision not in FULL_PRECISION:  # the update re-scores in its own precision
                     mark_for_rescoring(scored[name].rollouts)
                 metrics.update(rollout_metrics(scored[name], policy))
@@ -328,6 +336,8 @@ class MRLTrainer:
                 metrics[f"mwra/{name}/rollout_tokens_per_s"] = tokens / max(elapsed, 1e-9)
         self.rollout_step += 1
         self.samples_seen += sum(len(items) * p.num_generations for p in model.policies.values())
+        if any(p.filter_groups for p in model.policies.values()):
+            self.samples_seen += extra_samples(w, extra, dict(model.policies))
         with w.phase("exchange"):
             t0 = time.perf_counter()
             self.fabric.call("on_rollouts_end", self.ctx, model, scored)
@@ -336,17 +346,20 @@ class MRLTrainer:
             t0 = time.perf_counter()
             policy = model.policies[name]
             with w.phase("compose"):
-                batch = new_train_batch(policy, scored[name], partial(w.group_sum, name), w.group_size(name))
+                batch = new_train_batch(policy, scored[name], partial(w.group_sum, name), w.group_size(name),
+                                        keep=keep.get(name))
                 t1 = time.perf_counter()
                 self.fabric.call("on_compose_batch", self.ctx, model, policy, batch)
                 metrics[f"train/{name}/compose_time_s"] = time.perf_counter() - t1
+                batch = batch.for_update()  # the probes saw every group; the GRPO term trains on the kept ones
                 batch.group_counts = w.group_sum(name, batch.counts)
                 if w.group_size(name) > 1:
                     batch.group_terms = w.group_terms(name, term_names(batch.aux_losses))
             with w.phase("update"):
                 wrapped, opt = self._modules[name]
                 reduce = None if policy.fsdp else partial(w.reduce_gradients, name)  # FSDP reduces in backward
-                metrics.update(policy_update(policy, batch, wrapped, self.fabric, opt, reduce_gradients=reduce))
+                metrics.update(policy_update(policy, batch, wrapped, self.fabric, opt, reduce_gradients=reduce,
+                                             gather=partial(w.group_gather, name)))
             metrics.update(batch.metrics)
             metrics[f"train/{name}/update_time_s"] = metrics[f"mwra/{name}/update_s"] = time.perf_counter() - t0
         self.global_step += 1

@@ -7,9 +7,12 @@
    engine sampled (``sampling_logprobs`` set: vLLM, or mixed precision), the update's own
    no-grad scores as old log-probs with the sampler mismatch corrected
    (:func:`~mrl_lightning.rollout.sampler_correction.correct_sampler_mismatch`, docs/rollout.md);
-1. the GRPO loss forward and backward per micro-batch of ``micro_batch_size`` sequences,
-   each divided by the whole group's normalizers (``batch.group_counts``: sequences and
-   tokens over the policy's ranks), so any split and any number of ranks give one gradient;
+1. the GRPO loss (the policy's ``loss_type`` and importance level, with the masks on the
+   policy term: :func:`~mrl_lightning.grpo_terms.top_entropy_mask`, docs/grpo.md) forward and
+   backward per micro-batch of ``micro_batch_size`` sequences, each divided by the whole
+   group's normalizers (``batch.group_counts``: sequences and tokens over the policy's
+   ranks), so any split and any number of ranks give one gradient; a rank with no rows
+   (dynamic sampling kept none of its groups) holds a zero gradient;
 2. the group's gradient reduction (``reduce_gradients``: a sum over the policy's ranks);
 3. the probes' auxiliary terms, each backpropagated and reduced on its own, and each term's
    share of the update bounded by its ``max_grad_share``, measured on the group-reduced
@@ -34,10 +37,12 @@ import torch
 from torch import Tensor
 
 from mrl_lightning.batch import AuxiliaryLoss, TrainBatch
+from mrl_lightning.grpo_terms import finish_loss_metrics, note_loss_stats, top_entropy_mask, zero_gradients
 from mrl_lightning.metrics import Max, Mean, Min, Sum
 from mrl_lightning.numerics import gradient_norm, skip_nonfinite_update
 from mrl_lightning.objectives.aux_share import backward_aux_losses
 from mrl_lightning.objectives.grpo import group_advantages, grpo_loss, masked_mean
+from mrl_lightning.objectives.loss_types import GRPO, LOSS_TYPES
 from mrl_lightning.policy import PolicyModule
 from mrl_lightning.rollout.sampler_correction import correct_sampler_mismatch
 
@@ -79,28 +84,32 @@ def warmup_learning_rate(policy: PolicyModule, optimizer) -> float:
 
 
 def new_train_batch(policy: PolicyModule, scored, group_sum: Callable[[dict], dict] | None = None,
-                    group_size: int = 1) -> TrainBatch:
+                    group_size: int = 1, keep: Tensor | None = None) -> TrainBatch:
     """The policy's batch before the probes: plain GRPO advantages and this rank's loss normalizers.
 
     With ``scale_rewards: batch`` on a group of several ranks the std is the whole batch's,
     from the group's pooled moments (n, sum, sum of squares; Bessel-corrected), so k ranks
-    scale as one rank on the whole batch (docs/grpo.md).
+    scale as one rank on the whole batch (docs/grpo.md). With ``keep`` (dynamic sampling) the
+    normalizers and the batch std are the kept groups' (the groups the GRPO term trains on).
 
     Args:
         policy: The policy.
         scored: Its :class:`~mrl_lightning.batch.ScoredRollouts` on this rank.
         group_sum: Sums a dict of floats over the policy's ranks (:meth:`~mrl_lightning.mwra.Workers.group_sum`).
         group_size: Ranks in the policy's group.
+        keep: ``[B]`` bool, the groups the GRPO term trains on (:mod:`mrl_lightning.dynamic_sampling`); None = all.
     """
     batch_std = None
-    if policy.scale_rewards == "batch" and group_size > 1 and group_sum is not None:
-        valid = scored.rewards[~torch.isnan(scored.rewards)].double()
-        moments = group_sum({"n": float(valid.numel()), "sum": float(valid.sum()), "sumsq": float(valid.pow(2).sum())})
+    trained = scored if keep is None else scored.select_groups([int(b) for b in torch.nonzero(keep).flatten()])
+    if policy.scale_rewards == "batch" and (group_size > 1 or keep is not None):
+        valid = trained.rewards[~torch.isnan(trained.rewards)].double()
+        moments = {"n": float(valid.numel()), "sum": float(valid.sum()), "sumsq": float(valid.pow(2).sum())}
+        moments = group_sum(moments) if group_sum is not None and group_size > 1 else moments
         n = max(moments["n"], 1.0)
         var = max(moments["sumsq"] - moments["sum"] ** 2 / n, 0.0) / max(n - 1.0, 1.0)
         batch_std = torch.tensor(var, dtype=scored.rewards.dtype).sqrt()
     advantages = group_advantages(scored.rewards, policy.scale_rewards, batch_std=batch_std)
-    return TrainBatch(scored, advantages, counts=loss_counts(policy, scored.rollouts))
+    return TrainBatch(scored, advantages, counts=loss_counts(policy, trained.rollouts), keep=keep)
 
 
 def mark_for_rescoring(rollouts) -> None:
@@ -128,7 +137,7 @@ def _autocast(fabric):
 
 
 def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimizer,
-                  reduce_gradients: Reduce | None = None) -> dict[str, float]:
+                  reduce_gradients: Reduce | None = None, gather: Callable | None = None) -> dict[str, float]:
     """One policy's update on its composed batch, in the order of the module docstring.
 
     Args:
@@ -140,6 +149,8 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
         optimizer: The policy's Fabric-wrapped optimizer.
         reduce_gradients: Sums the ``.grad`` of the given parameters over the policy's group of
             ranks, in place (after the GRPO backward, and after each auxiliary term's); None = one rank.
+        gather: An object from every rank of the policy's group, as a list (``Workers.group_gather``); the
+            ``top_entropy_quantile`` threshold is taken over the group's tokens; None = one rank.
 
     Returns:
         Metrics of the last iteration under ``train/<p>/`` (loss, KL, clip ratios, entropy,
@@ -155,7 +166,7 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
     r = batch.scored.rollouts
     p = policy.policy_name
     n_local = r.completion_ids.shape[0]
-    micro = policy.micro_batch_size or n_local
+    micro = policy.micro_batch_size or max(n_local, 1)
     slices = [slice(i, i + micro) for i in range(0, n_local, micro)]
 
     def logprobs(sl, module, entropy=False):
@@ -163,14 +174,14 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
                                           r.completion_mask[sl], model=module, with_entropy=entropy)
 
     ref = None
-    if policy.beta > 0:  # the reference scores in the update's precision (autocast), like the policy
+    if policy.beta > 0 and slices:  # the reference scores in the update's precision (autocast), like the policy
         module, off = (policy.model, policy.model.disable_adapter()) if policy.is_adapter \
             else (policy.ref_model, contextlib.nullcontext())  # LoRA: the base is the reference
         with torch.no_grad(), _autocast(fabric), off:
             ref = torch.cat([logprobs(sl, module)[0] for sl in slices])
     metrics: dict[str, float] = {}
     sampler_weights = None
-    if r.sampling_logprobs is not None:  # another engine sampled (vLLM): docs/rollout.md
+    if r.sampling_logprobs is not None and slices:  # another engine sampled (vLLM): docs/rollout.md
         with torch.no_grad():  # the update's own forward (same precision context) gives the old log-probs
             trainer_logp = torch.cat([logprobs(sl, model)[0] for sl in slices])
         sampler_weights, sampler_metrics = correct_sampler_mismatch(policy, r, trainer_logp)
@@ -181,8 +192,11 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
     metrics[aux_key], metrics[skip_key] = 0.0, 0.0
     for iteration in range(policy.num_iterations):
         optimizer.zero_grad(set_to_none=True)
+        entropy_mask = top_entropy_mask(policy, r, loss_mask(policy, r), model, gather)
         metrics.update(_grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_weights,
-                                      entropy=iteration == 0))
+                                      entropy=iteration == 0, entropy_mask=entropy_mask))
+        if not slices:  # no group on this rank (dynamic sampling): a zero gradient, as a rank with rows sums
+            zero_gradients(trainable(policy))
         params = trainable(policy)
         reduce(params)
         if batch.aux_losses or batch.group_terms:  # a rank without a term still reduces the group's terms
@@ -223,7 +237,8 @@ def _with_empty_shares(policy: PolicyModule, batch: TrainBatch, terms: list) -> 
                           if name not in mine]
 
 
-def _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_weights, entropy: bool) -> dict:
+def _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_weights, entropy: bool,
+                   entropy_mask: Tensor | None = None) -> dict:
     """Step 1: the GRPO loss forward and backward per micro-batch; returns its metrics.
 
     Loss parts are divided by the group's totals, so they sum to the group's loss
@@ -238,15 +253,15 @@ def _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_
     local_tokens = float(mask.sum().clamp(min=1))
     sums = {"loss": 0.0, "kl": 0.0, "clip_low": 0.0, "clip_high": 0.0, "entropy": 0.0}
     ratios: list[float] = []
+    stats: dict[str, list[float]] = {}
     for sl in slices:
         logp, ent = logprobs(sl, model, entropy=entropy)
         out = grpo_loss(
-            logp, r.old_logprobs[sl], advantages[sl], mask[sl], loss_type=policy.loss_type,
-            epsilon=policy.epsilon, epsilon_high=policy.epsilon_high, beta=policy.beta,
-            use_bias_correction_kl=policy.use_bias_correction_kl, kl_log_ratio_clamp=policy.kl_log_ratio_clamp,
-            ref_logp=None if ref is None else ref[sl], max_completion_length=policy.max_completion_length,
-            num_sequences=n_seq, num_tokens=n_tokens,
+            logp, r.old_logprobs[sl], advantages[sl], mask[sl], **policy.loss_options(),
+            ref_logp=None if ref is None else ref[sl], num_sequences=n_seq, num_tokens=n_tokens,
             sampler_weights=None if sampler_weights is None else sampler_weights[sl],
+            entropy_mask=None if entropy_mask is None else entropy_mask[sl],
+            sampling_logp=None if r.sampling_logprobs is None else r.sampling_logprobs[sl].to(logp.device),
         )
         fabric.backward(out.loss)
         share = float(mask[sl].sum()) / local_tokens
@@ -260,6 +275,7 @@ def _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_
         if mask[sl].any():
             counted = out.ratio.detach()[mask[sl]]
             ratios += [float(counted.min()), float(counted.max())]
+        note_loss_stats(stats, out, mask[sl], share)
     weight = float(mask.sum())
     out_metrics = {
         f"train/{p}/loss": Sum(sums["loss"]),
@@ -271,6 +287,7 @@ def _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_
         out_metrics[f"train/{p}/kl_nats"] = Mean(sums["kl"], weight)
     if entropy:
         out_metrics[f"train/{p}/entropy_nats"] = Mean(sums["entropy"], weight)
+    finish_loss_metrics(out_metrics, stats, f"train/{p}/", weight, issubclass(LOSS_TYPES[policy.loss_type], GRPO))
     return out_metrics
 
 

@@ -137,6 +137,35 @@ class PromptDataModule(pl.LightningDataModule):
                     pos["epoch"], pos["cursor"] = pos["epoch"] + 1, 0
         return out
 
+    def extra_batch(self, stream: str, step: int, draw: int, exclude: set[str]) -> list[PromptItem]:
+        """Up to B more training prompts for one policy's dynamic sampling (docs/grpo.md, "Dynamic sampling").
+
+        A pure function of (data seed, ``stream``, ``step``, ``draw``): each part's count is its
+        share of a batch (as :meth:`next_batch` splits B), taken in the order of a permutation of
+        the part seeded by those keys, skipping prompt ids in ``exclude`` (the step's prompts so
+        far). It neither reads nor advances the data position, so the shared stream every policy
+        sees stays where it is, and a resumed run (or another placement) draws the same prompts
+        with nothing to checkpoint.
+
+        Args:
+            stream: The drawing policy's name.
+            step: The rollout step.
+            draw: Which extra batch of the step (1 = the first after the shared batch).
+            exclude: Prompt ids already in this step's batches.
+
+        Returns:
+            The prompts, part by part; fewer than B when a part has too few prompts left.
+        """
+        self.setup()
+        out: list[PromptItem] = []
+        for name, count in self._split().items():
+            items = self._train[name]
+            rng = np.random.default_rng(seed_for(self.seed, "extra", stream, step, draw, name))
+            order = rng.permutation(len(items))
+            taken = [items[int(i)] for i in order if items[int(i)].prompt_id not in exclude]
+            out.extend(taken[:count])
+        return out
+
     def eval_items(self) -> dict[str, list[PromptItem]]:
         """Held-out evaluation prompts by part name (parts without any are left out)."""
         self.setup()

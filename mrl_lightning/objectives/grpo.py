@@ -5,9 +5,9 @@ Log-probs are float32 nats. ``completion_mask`` is True where a token is counted
 
 Option names and numbers follow TRL's ``GRPOConfig`` (trl 1.16) where the meaning is
 the same: ``scale_rewards`` ("group" | "batch" | "none"), ``epsilon`` / ``epsilon_high``,
-``beta`` with the k3 KL estimator, ``use_bias_correction_kl``, ``loss_type`` ("grpo" |
-"bnpo" | "dr_grpo" | "dapo"), ``max_completion_length``. Departures from TRL, stated
-once here:
+``beta`` with the k3 KL estimator, ``use_bias_correction_kl``, ``loss_type`` (the eight
+of :mod:`mrl_lightning.objectives.loss_types`), ``importance_sampling_level``,
+``max_completion_length``. Departures from TRL, stated once here:
 
 - The std for ``scale_rewards`` uses Bessel's correction and eps = 1e-4, as TRL does.
 - A NaN reward (a verifier that could not score) is excluded from its group's
@@ -27,13 +27,16 @@ once here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
+from mrl_lightning.objectives.loss_types import LOSS_TYPES, build_loss_type, importance_weights
+from mrl_lightning.objectives.masks import off_policy_sequence_mask
+
 SCALE_REWARDS = ("group", "batch", "none")
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+LOSS_TYPE_NAMES = tuple(LOSS_TYPES)  # TRL 1.16's order: grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo
 # Bound in nats on |log pi_ref - log pi_theta| inside the k3 KL (verl's low_var_kl uses 20).
 KL_LOG_RATIO_CLAMP = 20.0
 
@@ -182,13 +185,19 @@ class PolicyLossOutput:
     Attributes:
         loss: scalar, the aggregated loss (already divided by the step's normalizer).
         per_token_loss: ``[N, L]`` float32 before aggregation.
-        ratio: ``[N, L]`` importance ratio exp(logp - old_logp).
+        ratio: ``[N, L]`` importance weight at the chosen level, ``exp(logp - old_logp)`` per
+            token or its sequence value repeated over the row.
         kl: ``[N, L]`` float32 nats, the KL term added to the loss before ``beta``: k3 with
             the log-ratio bound, times the ratio when ``use_bias_correction_kl`` (what TRL
             logs as ``kl``); None when beta == 0.
-        clipped_low / clipped_high: ``[N, L]`` bool, tokens where the clip was active.
+        clipped_low / clipped_high: ``[N, L]`` bool, counted tokens where the clip was active
+            (all False for a loss type without a clip).
         kl_clamped: ``[N, L]`` bool, True where the KL log-ratio hit ``kl_log_ratio_clamp``;
             None when beta == 0.
+        stats: The loss type's statistics by TRL's tag name (``clip_ratio_low``,
+            ``cispo_clip_ratio``, ``vespo/phi_seq_mean``, ...), each ``[N, L]`` (a share over
+            counted tokens) or ``[N, 1]`` (a mean over sequences), detached.
+        off_policy_mask: ``[N, 1]`` float32, 1 = kept, with ``off_policy_mask_threshold``; else None.
     """
 
     loss: Tensor
@@ -198,6 +207,8 @@ class PolicyLossOutput:
     clipped_low: Tensor
     clipped_high: Tensor
     kl_clamped: Tensor | None = None
+    stats: dict[str, Tensor] = field(default_factory=dict)
+    off_policy_mask: Tensor | None = None
 
 
 def grpo_loss(
@@ -217,20 +228,33 @@ def grpo_loss(
     use_bias_correction_kl: bool = True,
     kl_log_ratio_clamp: float | None = KL_LOG_RATIO_CLAMP,
     sampler_weights: Tensor | None = None,
+    importance_sampling_level: str = "token",
+    entropy_mask: Tensor | None = None,
+    off_policy_mask_threshold: float | None = None,
+    sampling_logp: Tensor | None = None,
+    **loss_options: float | None,
 ) -> PolicyLossOutput:
-    """Clipped surrogate with optional k3 KL, aggregated by ``loss_type`` (``docs/grpo.md``).
+    """One ``loss_type``'s policy term with optional k3 KL, aggregated (``docs/grpo.md``; TRL ``_compute_loss``).
 
-    ``l_t = -min(rho_t A, clip(rho_t, 1 - epsilon, 1 + epsilon_high) A) + beta KL_t`` with
-    ``rho_t = exp(logp - old_logp)`` and ``KL_t = w_t * k3(clamp(ref - logp, -c, c))``,
-    where ``w_t = rho_t`` (not detached, as TRL's ``use_bias_correction_kl``) or 1. On a
-    token whose log-ratio is past the bound ``c`` the KL term is a constant (``rho_t``
-    detached there): it adds its bounded value and no gradient, since the ratio's gradient
-    alone would push that token's log-prob further down. Aggregation over counted tokens
-    (mask m):
+    With ``w`` the importance weight (:func:`~mrl_lightning.objectives.loss_types.importance_weights`:
+    per token, or per sequence for GSPO), the per-token loss is
 
-    - ``grpo``: mean over each sequence's tokens, then sum / ``num_sequences``
-    - ``bnpo`` / ``dapo``: sum over tokens / ``num_tokens``
+        ``l_t = policy_t(w, A) * M_t * s_t + beta KL_t``
+
+    where ``policy_t`` is the loss type's term (:mod:`mrl_lightning.objectives.loss_types`; for
+    ``grpo`` / ``bnpo`` / ``dr_grpo`` / ``dapo`` / ``luspo`` the clipped surrogate
+    ``-min(w A, clip(w, 1 - epsilon, 1 + epsilon_high) A)``), ``M_t`` the masks on the policy
+    term (``off_policy_mask_threshold``, ``entropy_mask``; :mod:`mrl_lightning.objectives.masks`),
+    ``s_t`` the sampler-correction weights, and ``KL_t = v_t * k3(clamp(ref - logp, -c, c))``
+    with ``v_t = w_t`` (not detached, as TRL's ``use_bias_correction_kl``) or 1. On a token whose
+    log-ratio is past the bound ``c`` the KL term is a constant (``w`` detached there): it adds
+    its bounded value and no gradient, since the ratio's gradient alone would push that token's
+    log-prob further down. Aggregation over counted tokens (mask m), by the loss type:
+
+    - ``grpo``, ``sapo``: mean over each sequence's tokens, then sum / ``num_sequences``
+    - ``bnpo``, ``dapo``, ``cispo``, ``vespo``: sum over tokens / ``num_tokens``
     - ``dr_grpo``: sum over tokens / (``num_sequences`` * ``max_completion_length``)
+    - ``luspo``: sum over each sequence's tokens, then sum / ``num_sequences``
 
     ``num_sequences`` and ``num_tokens`` default to this batch's own counts; pass the
     whole step's counts when the step is split into micro-batches so that the sum of
@@ -241,33 +265,42 @@ def grpo_loss(
         old_logp: ``[N, L]`` float32 nats under the sampling policy.
         advantages: ``[N]`` or ``[N, L]`` float32.
         completion_mask: ``[N, L]`` bool, True = counted.
-        loss_type: "grpo", "bnpo", "dr_grpo" or "dapo" (TRL ``loss_type``).
+        loss_type: A name of :data:`~mrl_lightning.objectives.loss_types.LOSS_TYPES` (TRL ``loss_type``).
         epsilon: Lower clip (TRL ``epsilon``).
-        epsilon_high: Upper clip; defaults to ``epsilon`` (TRL ``epsilon_high``).
+        epsilon_high: Upper clip, and CISPO's cap; defaults to ``epsilon`` (TRL ``epsilon_high``).
         beta: KL weight; 0 disables the KL term (TRL ``beta``).
         ref_logp: ``[N, L]`` float32 nats, reference log-probs; required when ``beta > 0``.
         max_completion_length: Required for ``dr_grpo``.
-        num_sequences: Normalizer for grpo / dr_grpo.
-        num_tokens: Normalizer for bnpo / dapo.
-        use_bias_correction_kl: Multiply the per-token k3 by ``rho_t`` (TRL 1.16's
-            ``use_bias_correction_kl``, default True there too). On-policy its gradient is
-            then ``beta * (logp - ref)`` per token, linear in the log-ratio.
+        num_sequences: Normalizer for grpo / dr_grpo / sapo / luspo.
+        num_tokens: Normalizer for bnpo / dapo / cispo / vespo.
+        use_bias_correction_kl: Multiply the per-token k3 by ``w`` (TRL 1.16's
+            ``use_bias_correction_kl``, default True there too). On-policy at token level its
+            gradient is then ``beta * (logp - ref)`` per token, linear in the log-ratio.
         kl_log_ratio_clamp: Bound ``c`` in nats on ``|ref - logp|`` inside k3 (verl's
             ``low_var_kl`` clamp, 20 there and here); None = unbounded, TRL's numbers.
         sampler_weights: ``[N, L]`` or ``[N, 1]`` float32, detached: importance weights of
-            the trainer over a different sampler (vLLM), multiplying the surrogate term of
-            each token but not the KL term (TRL ``vllm_importance_sampling_correction``;
-            :mod:`mrl_lightning.rollout.sampler_correction`). None = 1.
+            the trainer over a different sampler (vLLM), multiplying the policy term of each
+            token but not the KL term, or folded into VESPO's weight (TRL
+            ``vllm_importance_sampling_correction``; :mod:`mrl_lightning.rollout.sampler_correction`). None = 1.
+        importance_sampling_level: ``token`` or ``sequence`` (GSPO; TRL ``importance_sampling_level``).
+        entropy_mask: ``[N, L]`` bool, tokens whose policy term counts (TRL ``top_entropy_quantile``,
+            :func:`~mrl_lightning.objectives.masks.high_entropy_mask`); None = every token.
+        off_policy_mask_threshold: delta of the off-policy sequence mask (TRL's name); None = off.
+        sampling_logp: ``[N, L]`` float32 nats, the sampler's log-probs the off-policy mask
+            compares with; None = ``old_logp``.
+        **loss_options: The loss types' own options (TRL names: ``delta``, ``sapo_temperature_pos``
+            / ``_neg``, ``vespo_k_pos`` / ``_neg``, ``vespo_lambda_pos`` / ``_neg``); each type
+            reads its own and ignores the others, as TRL does.
 
     Returns:
         :class:`PolicyLossOutput`.
 
     Raises:
-        ValueError: unknown ``loss_type``; ``beta > 0`` without ``ref_logp``;
+        ValueError: unknown ``loss_type``, level or option; ``beta > 0`` without ``ref_logp``;
             ``dr_grpo`` without ``max_completion_length``; shape mismatch;
             ``kl_log_ratio_clamp`` not > 0.
     """
-    _check_choice("loss_type", loss_type, LOSS_TYPES)
+    kind = build_loss_type(loss_type, epsilon=epsilon, epsilon_high=epsilon_high, **loss_options)
     _check_log_ratio_clamp(kl_log_ratio_clamp)
     if logp.shape != old_logp.shape or logp.shape != completion_mask.shape:
         raise ValueError(
@@ -276,16 +309,25 @@ def grpo_loss(
         )
     if beta > 0 and ref_logp is None:
         raise ValueError("beta > 0 needs ref_logp (the reference model's log-probs); set beta: 0.0 to disable KL.")
-    if loss_type == "dr_grpo" and not max_completion_length:
+    if kind.aggregation == "fixed_length" and not max_completion_length:
         raise ValueError("loss_type='dr_grpo' needs max_completion_length.")
-    eps_high = epsilon if epsilon_high is None else epsilon_high
     adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
 
-    ratio = torch.exp(logp - old_logp)
-    clipped_ratio = torch.clamp(ratio, 1.0 - epsilon, 1.0 + eps_high)
-    per_token = -torch.min(ratio * adv, clipped_ratio * adv)
-    if sampler_weights is not None:
-        per_token = per_token * sampler_weights.detach().to(per_token.dtype)
+    log_ratio = logp - old_logp
+    ratio = importance_weights(log_ratio, completion_mask, importance_sampling_level)
+    folded = sampler_weights.detach().to(logp.dtype) if sampler_weights is not None else None
+    per_token, stats = kind.per_token(ratio, log_ratio, logp, adv, completion_mask,
+                                      folded if kind.folds_sampler_weights else None)
+    keep = None
+    if off_policy_mask_threshold is not None:
+        keep = off_policy_sequence_mask(adv, logp, old_logp if sampling_logp is None else sampling_logp,
+                                        completion_mask, off_policy_mask_threshold)
+        per_token = per_token * keep
+    if entropy_mask is not None:
+        per_token = per_token * entropy_mask
+    if folded is not None and not kind.folds_sampler_weights:
+        per_token = per_token * folded
+    per_token = per_token.expand(completion_mask.shape)
     kl = kl_clamped = None
     if beta > 0:
         kl = k3_kl(logp, ref_logp, kl_log_ratio_clamp)
@@ -299,10 +341,34 @@ def grpo_loss(
 
     loss = aggregate_loss(per_token, completion_mask, loss_type, max_completion_length, num_sequences, num_tokens)
 
-    is_low = (ratio < 1.0 - epsilon) & (adv < 0)
-    is_high = (ratio > 1.0 + eps_high) & (adv > 0)
-    return PolicyLossOutput(loss, per_token, ratio, kl, is_low & completion_mask, is_high & completion_mask,
-                            None if kl_clamped is None else kl_clamped & completion_mask)
+    stats = {k: v.detach() for k, v in stats.items()}
+    none = torch.zeros_like(completion_mask)
+    low, high = (stats.get(k, none) & completion_mask for k in ("clip_ratio_low", "clip_ratio_high"))
+    return PolicyLossOutput(loss, per_token, ratio.expand(completion_mask.shape), kl, low, high,
+                            None if kl_clamped is None else kl_clamped & completion_mask, stats, keep)
+
+
+def _sequence_mean(per_token: Tensor, mask: Tensor, n_seq: int, n_tok, length: int) -> Tensor:
+    seq_len = mask.sum(dim=1).clamp(min=1.0)
+    return ((per_token * mask).sum(dim=1) / seq_len).sum() / max(n_seq, 1)
+
+
+def _token_mean(per_token: Tensor, mask: Tensor, n_seq: int, n_tok, length: int) -> Tensor:
+    n_tok = mask.sum() if n_tok is None else torch.as_tensor(n_tok, dtype=per_token.dtype)
+    return (per_token * mask).sum() / torch.clamp(n_tok, min=1.0)
+
+
+def _fixed_length(per_token: Tensor, mask: Tensor, n_seq: int, n_tok, length: int) -> Tensor:
+    return (per_token * mask).sum() / (max(n_seq, 1) * length)
+
+
+def _sequence_sum(per_token: Tensor, mask: Tensor, n_seq: int, n_tok, length: int) -> Tensor:
+    return (per_token * mask).sum(dim=1).sum() / max(n_seq, 1)
+
+
+# How each loss type's per-token losses become a scalar (LossType.aggregation names a key).
+AGGREGATIONS = {"sequence_mean": _sequence_mean, "token_mean": _token_mean, "fixed_length": _fixed_length,
+                "sequence_sum": _sequence_sum}
 
 
 def aggregate_loss(
@@ -313,34 +379,29 @@ def aggregate_loss(
     num_sequences: int | None = None,
     num_tokens: float | None = None,
 ) -> Tensor:
-    """Reduce ``[N, L]`` per-token losses to a scalar by ``loss_type`` (``docs/grpo.md``; TRL names).
+    """Reduce ``[N, L]`` per-token losses to a scalar as ``loss_type`` aggregates (``docs/grpo.md``; TRL names).
 
-    ``grpo``: per-sequence mean over counted tokens, summed, / ``num_sequences``;
-    ``bnpo`` / ``dapo``: sum / ``num_tokens``; ``dr_grpo``: sum / (``num_sequences`` *
-    ``max_completion_length``, default L). Normalizers default to this batch's own counts.
+    ``grpo`` / ``sapo``: per-sequence mean over counted tokens, summed, / ``num_sequences``;
+    ``bnpo`` / ``dapo`` / ``cispo`` / ``vespo``: sum / ``num_tokens``; ``dr_grpo``: sum /
+    (``num_sequences`` * ``max_completion_length``, default L); ``luspo``: per-sequence sum,
+    summed, / ``num_sequences``. Normalizers default to this batch's own counts.
 
     Args:
         per_token: ``[N, L]`` float32.
         completion_mask: ``[N, L]`` bool, True = counted.
-        loss_type: "grpo", "bnpo", "dr_grpo" or "dapo".
+        loss_type: A name of :data:`~mrl_lightning.objectives.loss_types.LOSS_TYPES`.
         max_completion_length: dr_grpo's length normalizer.
-        num_sequences: Sequence normalizer (grpo, dr_grpo).
-        num_tokens: Token normalizer (bnpo, dapo).
+        num_sequences: Sequence normalizer (grpo, dr_grpo, sapo, luspo).
+        num_tokens: Token normalizer (bnpo, dapo, cispo, vespo).
 
     Raises:
         ValueError: unknown ``loss_type``.
     """
-    _check_choice("loss_type", loss_type, LOSS_TYPES)
+    _check_choice("loss_type", loss_type, LOSS_TYPE_NAMES)
     mask = completion_mask.to(per_token.dtype)
     n_seq = per_token.shape[0] if num_sequences is None else num_sequences
-    if loss_type == "grpo":
-        seq_len = mask.sum(dim=1).clamp(min=1.0)
-        return ((per_token * mask).sum(dim=1) / seq_len).sum() / max(n_seq, 1)
-    if loss_type in ("bnpo", "dapo"):
-        n_tok = mask.sum() if num_tokens is None else torch.as_tensor(num_tokens, dtype=per_token.dtype)
-        return (per_token * mask).sum() / torch.clamp(n_tok, min=1.0)
     length = per_token.shape[1] if max_completion_length is None else max_completion_length
-    return (per_token * mask).sum() / (max(n_seq, 1) * length)
+    return AGGREGATIONS[LOSS_TYPES[loss_type].aggregation](per_token, mask, n_seq, num_tokens, length)
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:

@@ -45,6 +45,47 @@ class RolloutBatch:
         """``[N]`` bool, True where generation stopped at max length without a stop token."""
         return torch.tensor([r == "length" for r in self.finish_reasons], dtype=torch.bool)
 
+    def select_rows(self, rows: list[int]) -> RolloutBatch:
+        """The rows ``rows`` (in that order), at this batch's widths."""
+        index = torch.tensor(rows, dtype=torch.long)
+        pick = lambda t: None if t is None else t[index.to(t.device)]  # noqa: E731
+        return RolloutBatch(pick(self.prompt_ids), pick(self.prompt_mask), pick(self.completion_ids),
+                            pick(self.completion_mask), pick(self.old_logprobs),
+                            [self.finish_reasons[i] for i in rows], [self.completion_texts[i] for i in rows],
+                            pick(self.sampling_logprobs))
+
+
+def concat_rollouts(parts: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """The rows of ``parts`` one after another: prompts left-padded and completions right-padded to the widest.
+
+    Padding is what each batch has already: prompt and completion ids ``pad_id``, masks False,
+    log-probs 0. ``sampling_logprobs`` is kept when every part has it.
+
+    Raises:
+        ValueError: ``parts`` is empty.
+    """
+    if not parts:
+        raise ValueError("concat_rollouts needs at least one RolloutBatch.")
+    if len(parts) == 1:
+        return parts[0]
+    width_p = max(x.prompt_ids.shape[1] for x in parts)
+    width_c = max(x.completion_ids.shape[1] for x in parts)
+
+    def fit(t: Tensor, width: int, left: bool, fill) -> Tensor:
+        pad = torch.full((t.shape[0], width - t.shape[1]), fill, dtype=t.dtype, device=t.device)
+        return torch.cat([pad, t] if left else [t, pad], dim=1)
+
+    def cat(key: str, width: int, left: bool, fill):
+        return torch.cat([fit(getattr(x, key), width, left, fill) for x in parts])
+
+    sampling = None
+    if all(x.sampling_logprobs is not None for x in parts):
+        sampling = torch.cat([fit(x.sampling_logprobs, width_c, False, 0.0) for x in parts])
+    return RolloutBatch(cat("prompt_ids", width_p, True, pad_id), cat("prompt_mask", width_p, True, False),
+                        cat("completion_ids", width_c, False, pad_id), cat("completion_mask", width_c, False, False),
+                        cat("old_logprobs", width_c, False, 0.0), [r for x in parts for r in x.finish_reasons],
+                        [t for x in parts for t in x.completion_texts], sampling)
+
 
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     """Left-pad token id lists.

@@ -22,9 +22,9 @@ FABRIC = SimpleNamespace(
 )
 
 
-def build_policy(folder, loss_type: str, g: int, length: int) -> PolicyModule:
+def build_policy(folder, loss_type: str, g: int, length: int, **options) -> PolicyModule:
     policy = PolicyModule(name="p", model=str(folder), temperature=0.7, num_generations=g, max_completion_length=length,
-                          loss_type=loss_type, mask_truncated_completions=True)
+                          loss_type=loss_type, mask_truncated_completions=True, **options)
     build_model(policy)
     return policy
 
@@ -42,15 +42,15 @@ def update(policy, rollout, advantages, workers=None, name="p"):
     optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.1)
     batch = TrainBatch(scored=SimpleNamespace(rollouts=rollout), advantages=advantages,
                        counts=loss_counts(policy, rollout))
-    sync = None
+    sync = gather = None
     if workers is not None:
         batch.group_counts = workers.group_sum(name, batch.counts)
-        sync = partial(workers.reduce_gradients, name)
-    policy_update(policy, batch, policy.model, FABRIC, optimizer, reduce_gradients=sync)
+        sync, gather = partial(workers.reduce_gradients, name), partial(workers.group_gather, name)
+    policy_update(policy, batch, policy.model, FABRIC, optimizer, reduce_gradients=sync, gather=gather)
     return [p.detach().clone() for p in policy.model.parameters()]
 
 
-def run(rank: int, world: int, folder: str, work: str, loss_types: list[str]) -> None:
+def run(rank: int, world: int, folder: str, work: str, cases: dict[str, dict]) -> None:
     work = Path(work)
     dist.init_process_group("gloo", init_method=f"file://{work / 'store'}", rank=rank, world_size=world)
     torch.set_num_threads(1)
@@ -65,8 +65,8 @@ def run(rank: int, world: int, folder: str, work: str, loss_types: list[str]) ->
     prompts = shard_indices(advantages.shape[0], rank, world)
     result["prompts"] = prompts
     rows = [b * g + k for b in prompts for k in range(g)]
-    for loss_type in loss_types:
-        policy = build_policy(folder, loss_type, g, rollout.completion_ids.shape[1])
-        result[loss_type] = update(policy, shard_rollout(rollout, rows), advantages[prompts].clone(), workers)
+    for case, options in cases.items():
+        policy = build_policy(folder, g=g, length=rollout.completion_ids.shape[1], **options)
+        result[case] = update(policy, shard_rollout(rollout, rows), advantages[prompts].clone(), workers)
     torch.save(result, work / f"rank{rank}.pt")
     dist.destroy_process_group()

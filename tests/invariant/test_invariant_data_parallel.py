@@ -4,7 +4,8 @@ Two gloo processes each take a contiguous half of the step's prompts (whole grou
 sum their loss normalizers over the group (``Workers.group_sum``) and all-reduce the
 gradients (``Workers.reduce_gradients``). After one SGD step their weights must equal
 those of a single process that trained on the whole batch, for every ``loss_type``
-(sequence- and token-normalized), with truncated completions masked. The same workers
+(sequence- and token-normalized, the GRPO family, GSPO's sequence level) and with the
+top-entropy mask (its quantile over both ranks' tokens), with truncated completions masked. The same workers
 also exchange SEE records, which must arrive in one order on every rank.
 """
 
@@ -18,7 +19,13 @@ from mrl_lightning.rollout import HFGenerateEngine
 
 PROMPTS = ["Calculate 1 + 2.", "What is 7 - 5?\nAnswer:", "Calculate 12 + 34.", "What is 9 - 7?"]
 G, L = 3, 6
-LOSS_TYPES = ["dapo", "grpo", "dr_grpo"]
+# case -> the policy's options: sequence- and token-normalized loss types, GSPO's sequence level,
+# the family's other terms, and the top-entropy mask, whose quantile is taken over both ranks' tokens
+CASES = {"dapo": dict(loss_type="dapo"), "grpo": dict(loss_type="grpo"), "dr_grpo": dict(loss_type="dr_grpo"),
+         "gspo": dict(loss_type="grpo", importance_sampling_level="sequence", beta=0.1),
+         "luspo": dict(loss_type="luspo", importance_sampling_level="sequence"),
+         "cispo": dict(loss_type="cispo", epsilon_high=5.0), "sapo": dict(loss_type="sapo"),
+         "vespo": dict(loss_type="vespo"), "dapo-top-entropy": dict(loss_type="dapo", top_entropy_quantile=0.5)}
 # [B = 4, G = 3]: not zero-mean per group on purpose.
 ADVANTAGES = torch.tensor([[1.0, -0.5, -0.25], [0.3, -1.2, 0.9], [0.0, 0.7, -0.7], [-1.0, 0.2, 0.4]])
 
@@ -30,7 +37,7 @@ def test_two_data_parallel_ranks_equal_one_rank_on_the_whole_batch(invariant_lm_
                                           num_generations=G, max_completion_length=L, temperature=0.7)
     assert len(set(rollout.completion_mask.sum(1).tolist())) > 1 and "length" in rollout.finish_reasons
     torch.save({"rollout": rollout, "advantages": ADVANTAGES, "g": G}, tmp_path / "rollout.pt")
-    mp.start_processes(dp_worker.run, args=(2, str(invariant_lm_dir), str(tmp_path), LOSS_TYPES), nprocs=2,
+    mp.start_processes(dp_worker.run, args=(2, str(invariant_lm_dir), str(tmp_path), CASES), nprocs=2,
                        start_method="spawn")
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
@@ -40,11 +47,13 @@ def test_two_data_parallel_ranks_equal_one_rank_on_the_whole_batch(invariant_lm_
     # strided shares interleaved back: batch position 2i is rank 0's i-th prompt, 2i + 1 rank 1's).
     expected = ["a/r0/0", "a/r1/0", "a/r0/1", "a/r1/1", "b/r0", "b/r1"]
     assert ranks[0]["exchange"] == ranks[1]["exchange"] == expected
-    for loss_type in LOSS_TYPES:
-        before = [p.detach().clone() for p in dp_worker.build_policy(invariant_lm_dir, loss_type, G, L).model.parameters()]
-        whole = dp_worker.update(dp_worker.build_policy(invariant_lm_dir, loss_type, G, L), rollout, ADVANTAGES.clone())
+    for case, options in CASES.items():
+        before = [p.detach().clone() for p in dp_worker.build_policy(invariant_lm_dir, g=G, length=L, **options)
+                  .model.parameters()]
+        whole = dp_worker.update(dp_worker.build_policy(invariant_lm_dir, g=G, length=L, **options), rollout,
+                                 ADVANTAGES.clone())
         moved = max((w - b).abs().max().item() for w, b in zip(whole, before))
-        assert moved > 1e-3, f"{loss_type}: the whole-batch step barely moved the weights ({moved})"
+        assert moved > 1e-3, f"{case}: the whole-batch step barely moved the weights ({moved})"
         for rank in ranks:
-            for w, d in zip(whole, rank[loss_type]):
-                torch.testing.assert_close(d, w, rtol=0, atol=1e-5, msg=f"{loss_type}: rank differs from 1-rank update")
+            for w, d in zip(whole, rank[case]):
+                torch.testing.assert_close(d, w, rtol=0, atol=1e-5, msg=f"{case}: rank differs from 1-rank update")

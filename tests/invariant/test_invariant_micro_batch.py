@@ -2,8 +2,10 @@
 
 ``policy_update`` splits a step's N sequences into micro-batches whose losses use the
 whole step's normalizers (``num_sequences`` / ``num_tokens``), so the summed gradient is
-the full-batch gradient for every ``loss_type``, with KL, with mu > 1 inner iterations
-and with truncated completions masked.
+the full-batch gradient for every ``loss_type`` (the GRPO family, GSPO's sequence level),
+with KL, with mu > 1 inner iterations, with truncated completions masked, and with the
+masks on the policy term (``top_entropy_quantile`` takes its quantile over the whole batch,
+not per micro-batch; ``off_policy_mask_threshold``).
 """
 
 from __future__ import annotations
@@ -73,13 +75,25 @@ def _update(folder, rollout, micro, **options):
         dict(loss_type="dr_grpo"),
         dict(loss_type="dapo", beta=0.1, num_iterations=2),
         dict(loss_type="grpo", mask_truncated_completions=True, num_iterations=2, max_grad_norm=None),
+        dict(loss_type="grpo", importance_sampling_level="sequence", beta=0.1, num_iterations=2),
+        dict(loss_type="luspo", importance_sampling_level="sequence", num_iterations=2),
+        dict(loss_type="cispo", epsilon_high=5.0, num_iterations=2),
+        dict(loss_type="sapo", num_iterations=2, beta=0.1),
+        dict(loss_type="vespo", num_iterations=2),
+        dict(loss_type="dapo", top_entropy_quantile=0.5, num_iterations=2),
+        dict(loss_type="dapo", delta=1.5, off_policy_mask_threshold=0.01, num_iterations=2),
     ],
-    ids=["dapo", "bnpo", "grpo", "dr_grpo", "dapo-kl-mu2", "grpo-masktrunc-mu2"],
+    ids=["dapo", "bnpo", "grpo", "dr_grpo", "dapo-kl-mu2", "grpo-masktrunc-mu2", "gspo-kl-mu2", "luspo-mu2",
+         "cispo-mu2", "sapo-kl-mu2", "vespo-mu2", "dapo-top-entropy-mu2", "dapo-delta-opsm-mu2"],
 )
 @pytest.mark.parametrize("micro", [2, 4])
 def test_micro_batches_give_the_full_batch_gradient_and_update(invariant_lm_dir, rollout, options, micro):
     full_metrics, full_grads, full_params, before = _update(invariant_lm_dir, rollout, None, **options)
     split_metrics, split_grads, split_params, _ = _update(invariant_lm_dir, rollout, micro, **options)
+    assert set(split_metrics) == set(full_metrics)
+    for tag in full_metrics:  # the loss types' own statistics too (cispo_clip_ratio, vespo/phi_seq_mean, masks)
+        if not tag.endswith("_time_s"):
+            assert split_metrics[tag] == pytest.approx(full_metrics[tag], rel=1e-4, abs=1e-6, nan_ok=True), tag
     # The test has something to compare: a non-zero gradient and parameters that moved.
     assert sum(float(g.abs().sum()) for g in full_grads) > 1e-3
     assert any(not torch.equal(a, b) for a, b in zip(full_params, before))
@@ -107,3 +121,17 @@ def test_averaging_micro_batch_losses_would_not_be_invariant(invariant_lm_dir, r
                                  num_tokens=float(m.sum())).loss) for s in slices)
     assert shared == pytest.approx(full, abs=1e-6)
     assert abs(naive - full) > 1e-3
+
+
+@pytest.mark.parametrize("options", [dict(), dict(beta=0.1, top_entropy_quantile=0.5, micro_batch_size=2)])
+def test_a_rank_with_no_kept_group_holds_a_zero_gradient(invariant_lm_dir, rollout, options):
+    """Dynamic sampling can leave a rank (or a step) with no GRPO row: the update runs, on a zero gradient,
+    as the rank's share of a group's summed gradient must be."""
+    micro = options.pop("micro_batch_size", None)
+    policy = _policy(invariant_lm_dir, micro, **options)
+    optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.1)
+    empty = rollout.select_rows([])
+    batch = TrainBatch(scored=SimpleNamespace(rollouts=empty), advantages=torch.zeros(0, G))
+    metrics = policy_update(policy, batch, policy.model, FABRIC, optimizer)
+    assert all(p.grad is not None and not p.grad.any() for p in policy.model.parameters())
+    assert metrics["train/p/loss"] == 0.0 and metrics["train/p/grad_norm"] == 0.0

@@ -57,7 +57,7 @@ def test_unknown_loss_type_lists_the_valid_ones(folders):
     with pytest.raises(ConfigError) as info:
         _make(folders, loss_type="ppo")
     assert "loss_type='ppo'" in str(info.value)
-    assert "['grpo', 'bnpo', 'dr_grpo', 'dapo']" in str(info.value)
+    assert "['grpo', 'bnpo', 'dr_grpo', 'dapo', 'cispo', 'sapo', 'luspo', 'vespo']" in str(info.value)
 
 
 def test_unknown_scale_rewards_lists_the_valid_ones(folders):
@@ -124,3 +124,51 @@ def test_kl_safety_options_default_to_trl_bias_correction_and_a_20_nat_bound(fol
 def test_non_positive_kl_log_ratio_clamp_is_rejected_with_the_fix(folders, value):
     with pytest.raises(ConfigError, match=rf"kl_log_ratio_clamp={value} must be > 0.*or null"):
         _make(folders, kl_log_ratio_clamp=value)
+
+
+@pytest.mark.parametrize("loss_type, level, fragment", [
+    ("dapo", "sequence", "weights each sequence by its completion length"),
+    ("cispo", "sequence", "for GSPO set loss_type: grpo"),
+    ("luspo", "token", "set importance_sampling_level: sequence"),
+    ("vespo", "sequence", "set importance_sampling_level: token"),
+])
+def test_an_importance_level_trl_warns_against_is_refused_with_its_reason(folders, loss_type, level, fragment):
+    extra = {"epsilon_high": 5.0} if loss_type == "cispo" else {}
+    with pytest.raises(ConfigError) as info:
+        _make(folders, loss_type=loss_type, importance_sampling_level=level, **extra)
+    message = str(info.value)
+    assert f"importance_sampling_level={level!r} with loss_type={loss_type!r}" in message and fragment in message
+
+
+@pytest.mark.parametrize("loss_type, level", [("grpo", "sequence"), ("sapo", "sequence"), ("luspo", "sequence"),
+                                              ("sapo", "token"), ("vespo", "token"), ("dapo", "token")])
+def test_the_importance_levels_each_loss_type_is_meant_for_are_accepted(folders, loss_type, level):
+    assert _make(folders, loss_type=loss_type, importance_sampling_level=level).importance_sampling_level == level
+
+
+@pytest.mark.parametrize("options, fragment", [
+    (dict(loss_type="dapo", sapo_temperature_pos=2.0), "sapo_temperature_pos=2.0 is read only by loss_type ['sapo']"),
+    (dict(loss_type="sapo", delta=4.0), "delta=4.0 is read only by loss_type ['grpo', 'bnpo', 'dr_grpo', 'dapo', "
+                                        "'luspo']"),
+    (dict(loss_type="grpo", vespo_k_neg=1.0), "vespo_k_neg=1.0 is read only by loss_type ['vespo']"),
+    (dict(loss_type="vespo", epsilon_high=0.28), "epsilon_high=0.28 is read only by loss_type"),
+    (dict(loss_type="cispo"), "set epsilon_high: 5.0"),
+    (dict(loss_type="dapo", delta=1.0), "delta=1.0 must be > 1"),
+    (dict(loss_type="sapo", sapo_temperature_neg=0.0), "sapo_temperature_neg=0.0 must be > 0"),
+    (dict(loss_type="vespo", vespo_k_pos=-1.0), "vespo_k_pos=-1.0 must be >= 0"),
+    (dict(loss_type="vespo", vllm_importance_sampling_mode="sequence_mask"), "as TRL refuses it"),
+    (dict(importance_sampling_level="seq"), "importance_sampling_level='seq'; valid: ['token', 'sequence']"),
+    (dict(top_entropy_quantile=1.2), "top_entropy_quantile=1.2 must be in [0, 1]"),
+    (dict(off_policy_mask_threshold=0.0), "off_policy_mask_threshold=0.0 must be > 0"),
+    (dict(filter_groups=True, max_num_gen_batches=0), "max_num_gen_batches=0 must be an integer >= 1"),
+    (dict(max_num_gen_batches=3), "max_num_gen_batches=3 has no effect without filter_groups: true"),
+])
+def test_an_option_the_loss_type_does_not_read_or_out_of_range_is_named_with_the_fix(folders, options, fragment):
+    with pytest.raises(ConfigError) as info:
+        _make(folders, **options)
+    assert fragment in str(info.value)
+
+
+def test_filter_groups_with_fsdp_is_refused(folders):
+    with pytest.raises(ConfigError, match="filter_groups=true with fsdp=true is not supported"):
+        _make(folders, filter_groups=True, fsdp=True)
