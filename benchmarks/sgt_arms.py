@@ -71,13 +71,11 @@ ARMS: dict[str, dict] = {
     # bound + warm-up + a KL anchor to the warm-started model, and the same policies without sharing
     "sgt_s30_wu_kl": {"sgt": {**OLD, "max_grad_share": 0.3}, "policies": {"gpt2": WU_KL, "llama": WU_KL}},
     "none_wu_kl": {"probe": "none.yaml", "policies": {"gpt2": WU_KL, "llama": WU_KL}},
-    # faster weak-part learning under the bound: a higher bound, twice the learning rates, group mode
+    # faster weak-part learning under the bound: a higher bound, twice the learning rates
     "sgt_s50_wu": {"sgt": {**OLD, "max_grad_share": 0.5}, "policies": {"gpt2": WARMUP, "llama": WARMUP}},
     "sgt_s30_wu_lr2": {"sgt": {**OLD, "max_grad_share": 0.3},
                        "policies": {"gpt2": {**WARMUP, "learning_rate": 6.0e-4},
                                     "llama": {**WARMUP, "learning_rate": 4.0e-4}}},
-    "sgt_group_s30_wu": {"sgt": {"lambda_sgt": 1.0, "kappa": 0.5, "transfer_mode": "group", "max_grad_share": 0.3},
-                         "policies": {"gpt2": WARMUP, "llama": WARMUP}},
     # bounds that move (mrl_lightning/probes/sgt.py ShareBound), on the default's settings: a
     # schedule from 0.3 to 0.6 over the first 1,500 steps, and a bound that stays at 0.6 while the
     # receiver's strong-part rollouts hold and falls to 0.2 when they drop by 10% of their best

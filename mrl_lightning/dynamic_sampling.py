@@ -86,7 +86,7 @@ def sample_until_full(system, policy, datamodule, workers, items: list, first: S
     scored = concat_scored(parts, policy.tokenizer.pad_token_id)
     dropped = float((~groups_with_signal(scored.rewards)).sum())
     p = f"rollout/{name}"
-    metrics = {f"{p}/num_gen_batches": Max(batches), f"{p}/train_groups": Sum(float(keep.sum())),
+    metrics = {f"{p}/num_gen_batches": float(batches), f"{p}/train_groups": Sum(float(keep.sum())),
                f"{p}/filtered_group_share": Mean(dropped / max(len(positions), 1), len(positions))}
     return scored, keep, metrics, offset - limit
 

@@ -160,9 +160,9 @@ def _combine(values: list[float]) -> float:
     if isinstance(first, Sum):
         return Sum(sum(values))
     if isinstance(first, Max):
-        return Max(max(values))
+        return Max(_extreme(max, values))
     if isinstance(first, Min):
-        return Min(min(values))
+        return Min(_extreme(min, values))
     if isinstance(first, Mean):
         weights = [getattr(v, "weight", 1.0) for v in values]
         total = sum(weights)
@@ -199,6 +199,12 @@ def combine_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
     return {key: vals[0] if len(vals) == 1 else _combine(vals) for key, vals in values.items()}
 
 
+def _extreme(pick, values) -> float:
+    """``max`` / ``min`` of floats, NaN when any is NaN (Python's would depend on where the NaN sits)."""
+    values = [float(v) for v in values]
+    return math.nan if any(v != v for v in values) else float(pick(values))
+
+
 def window_reduce(steps: list[dict[str, float]]) -> dict[str, float]:
     """A log window's metrics: each tag's mean over the steps that report it; a :class:`Max` the
     largest, a :class:`Min` the smallest of those steps (a bound must show its worst step), a
@@ -220,9 +226,9 @@ def window_reduce(steps: list[dict[str, float]]) -> dict[str, float]:
         if isinstance(last, Global):
             out[key] = float(last)
         elif isinstance(last, Max):
-            out[key] = float(max(vals))
+            out[key] = _extreme(max, vals)
         elif isinstance(last, Min):
-            out[key] = float(min(vals))
+            out[key] = _extreme(min, vals)
         else:
             out[key] = sum(vals) / len(vals)
     return out

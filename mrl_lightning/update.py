@@ -193,7 +193,7 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
     for iteration in range(policy.num_iterations):
         optimizer.zero_grad(set_to_none=True)
         entropy_mask = top_entropy_mask(policy, r, loss_mask(policy, r), model, gather)
-        metrics.update(_grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_weights,
+        _fold(metrics, _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_weights,
                                       entropy=iteration == 0, entropy_mask=entropy_mask))
         if not slices:  # no group on this rank (dynamic sampling): a zero gradient, as a rank with rows sums
             zero_gradients(trainable(policy))
@@ -202,7 +202,7 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
         if batch.aux_losses or batch.group_terms:  # a rank without a term still reduces the group's terms
             t0 = time.perf_counter()
             terms = _with_empty_shares(policy, batch, batch.aux_losses)
-            metrics.update(backward_aux_losses(terms, policy, model, fabric.backward, params,
+            _fold(metrics, backward_aux_losses(terms, policy, model, fabric.backward, params,
                                                tag=lambda term: f"probe/{term}/{p}", totals=totals, reduce=reduce,
                                                terms=batch.group_terms))
             metrics[aux_key] += time.perf_counter() - t0
@@ -210,6 +210,19 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
         metrics[skip_key] += float(skipped)
         metrics[f"train/{p}/grad_norm"] = _clip_and_step(policy, params, model, fabric, optimizer, skipped, metrics)
     return metrics
+
+
+def _fold(metrics: dict, new: dict) -> None:
+    """Add one inner iteration's metrics to ``metrics``: a :class:`Max` keeps the largest over the iterations
+    and a :class:`Min` the smallest (a bound or a vanishing gradient shows whichever optimizer step it was
+    on), anything else the last iteration's."""
+    for key, value in new.items():
+        old = metrics.get(key)
+        if isinstance(value, Max) and isinstance(old, Max):
+            value = Max(max(old, value)) if old == old and value == value else Max(float("nan"))
+        elif isinstance(value, Min) and isinstance(old, Min):
+            value = Min(min(old, value)) if old == old and value == value else Min(float("nan"))
+        metrics[key] = value
 
 
 class _EmptyShare(AuxiliaryLoss):
@@ -277,6 +290,8 @@ def _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_
             ratios += [float(counted.min()), float(counted.max())]
         note_loss_stats(stats, out, mask[sl], share)
     weight = float(mask.sum())
+    if weight == 0:  # no counted token on this rank (dynamic sampling): nothing to average, no ratio seen
+        return {f"train/{p}/loss": Sum(sums["loss"])}
     out_metrics = {
         f"train/{p}/loss": Sum(sums["loss"]),
         f"train/{p}/clip_ratio_low": Mean(sums["clip_low"], weight),

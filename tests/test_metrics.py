@@ -52,3 +52,25 @@ def test_kinds_survive_pickling_with_their_fields(value):
 def test_a_zero_weight_rank_does_not_count_and_an_empty_ratio_takes_its_empty_value():
     assert combine_metrics([{"m": Mean(0.0, 0)}, {"m": Mean(0.8, 5)}])["m"] == pytest.approx(0.8)
     assert combine_metrics([{"r": Ratio(0, 0, empty=1.0)}, {"r": Ratio(0, 0, empty=1.0)}])["r"] == 1.0
+
+
+@pytest.mark.parametrize("kind", [Max, Min])
+def test_a_nan_extreme_is_nan_wherever_it_sits(kind):
+    """A non-finite step logs NaN (grpo_grad_norm, ratios): the window's Max / Min must show it, in any order."""
+    import math
+
+    for order in ([kind(math.nan), kind(0.5), kind(0.2)], [kind(0.5), kind(math.nan), kind(0.2)]):
+        assert math.isnan(window_reduce([{"x": v} for v in order])["x"])
+        assert math.isnan(combine_metrics([{"x": v} for v in order])["x"])
+    assert window_reduce([{"x": kind(0.5)}, {"x": kind(0.2)}])["x"] == (0.5 if kind is Max else 0.2)
+
+
+def test_inner_iterations_fold_by_kind():
+    """num_iterations > 1: a Max keeps the largest iteration, a Min the smallest, the rest the last one."""
+    from mrl_lightning.update import _fold
+
+    metrics: dict = {}
+    _fold(metrics, {"share_max": Max(0.46), "grpo_min": Min(0.92), "share": 0.46})
+    _fold(metrics, {"share_max": Max(0.30), "grpo_min": Min(1.82), "share": 0.30})
+    assert metrics == {"share_max": 0.46, "grpo_min": 0.92, "share": 0.30}
+    assert isinstance(metrics["share_max"], Max) and isinstance(metrics["grpo_min"], Min)

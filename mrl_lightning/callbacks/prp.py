@@ -191,7 +191,8 @@ class PeerRolloutPooling(MRLCallback):
     reads_failed_rollouts = True
 
     def config_errors(self, ctx, system) -> list[str]:
-        """Unknown policy names, and ``scale_rewards: batch`` on a policy with several ranks."""
+        """Unknown policy names, and ``scale_rewards: batch`` on a policy with several ranks or with
+        ``filter_groups`` (PRP's pooled std would count groups the update does not train on)."""
         errors = []
         names = list(system.policies)
         for field in ("lambda_per_policy", "sources", "receivers"):
@@ -201,6 +202,12 @@ class PeerRolloutPooling(MRLCallback):
                                   f"model.policies {names}.")
         errors += self._data_parallel_errors(getattr(ctx, "placement", None), system)
         for name, policy in system.policies.items():
+            if getattr(policy, "filter_groups", False) and policy.scale_rewards == "batch" \
+                    and (self.receivers is None or name in self.receivers):
+                errors.append(f"PeerRolloutPooling: policy {name!r} has scale_rewards='batch' and filter_groups: true; "
+                              "PRP's pooled reward std covers every sampled group, also those dynamic sampling drops "
+                              "before the update, so it would differ from the kept groups' std plain GRPO uses. Use "
+                              "scale_rewards: group (or none) for it, or filter_groups: false.")
             weight = self.lambda_per_policy.get(name, self.lambda_prp)
             if getattr(policy, "fsdp", False) and weight == 0 and (self.receivers is None or name in self.receivers):
                 errors.append(f"PeerRolloutPooling: policy {name!r} has fsdp=true and a peer-loss weight of 0 "

@@ -92,7 +92,9 @@ class SuccessGatedTransfer(MRLCallback):
             function, as own samples are scored); the group's
             advantages are recomputed over own + demos and the demos are trained on like own
             samples of the batch, weighted by lambda
-            (:func:`~mrl_lightning.probes.sgt.sgt_group_loss`; ``advantage_plus`` unused).
+            (:func:`~mrl_lightning.probes.sgt.sgt_group_loss`; ``advantage_plus`` unused). Refused with
+            ``max_grad_share`` (no part of the update is the transfer's alone there) and for a
+            receiver with ``filter_groups``.
 
     Raises:
         ValueError: out-of-range values (all at once).
@@ -137,6 +139,13 @@ class SuccessGatedTransfer(MRLCallback):
                           "what the bound is measured against; set max_grad_share, or grad_share_floor: null.")
         if transfer_mode not in TRANSFER_MODES:
             errors.append(f"SuccessGatedTransfer.transfer_mode={transfer_mode!r}; valid: {list(TRANSFER_MODES)}.")
+        elif transfer_mode == "group" and max_grad_share is not None:
+            errors.append("SuccessGatedTransfer.transfer_mode='group' with max_grad_share="
+                          f"{max_grad_share}: in group mode the demos rewrite their group's own advantages and join "
+                          "the loss normalizers, so part of the transfer's effect is inside the GRPO gradient the "
+                          "bound is measured against and no share of the update is the transfer's alone "
+                          "(docs/probes.md, \"Bound\"). Use transfer_mode: nll with a bound, or max_grad_share: null "
+                          "in group mode.")
         try:
             self.bound = ShareBound(max_grad_share, max_grad_share_final, max_grad_share_ramp_steps,
                                     max_grad_share_low, adaptive_drop, adaptive_ema, adaptive_reference_steps)
@@ -166,7 +175,9 @@ class SuccessGatedTransfer(MRLCallback):
     requires = ("exchange",)
 
     def config_errors(self, ctx, system) -> list[str]:
-        """Unknown policy names, and ``transfer_mode: group`` beside a probe that replaces advantages.
+        """Unknown policy names, ``transfer_mode: group`` beside a probe that replaces advantages, and
+        ``transfer_mode: group`` for a receiver with ``filter_groups`` (dynamic sampling would drop the
+        rescued all-fail groups whose advantages group mode rewrites).
 
         In group mode the rescued prompts' own advantages are those of the group own + demos,
         and the demos count in the loss normalizers; a probe with ``replaces_advantages``
@@ -179,6 +190,11 @@ class SuccessGatedTransfer(MRLCallback):
                   for name in list(self.lambda_per_policy) + list(self.receivers or []) if name not in names]
         if self.transfer_mode == "group":
             mine = set(self.receivers if self.receivers is not None else names)
+            errors.extend(f"SuccessGatedTransfer.transfer_mode='group' and policy {name!r} has filter_groups: true: "
+                          "dynamic sampling drops a rescued all-fail group (it has no signal of its own) before the "
+                          "update, so its demo would train alone with the group's advantage while its own samples "
+                          "are gone and the demo stays in the normalizers. Use transfer_mode: nll with filter_groups."
+                          for name in sorted(mine & set(names)) if getattr(system.policies[name], "filter_groups", False))
             for cb in getattr(ctx, "callbacks", []):
                 theirs = getattr(cb, "receivers", None)
                 if getattr(cb, "replaces_advantages", False) and mine & set(theirs if theirs is not None else names):

@@ -51,9 +51,19 @@ def _take_grads(params: list[torch.nn.Parameter]) -> list[Tensor | None]:
 
 
 def _norm(grads: list[Tensor | None]) -> float:
-    """L2 norm over every tensor; a sharded gradient (FSDP's DTensor) counts whole (summed over its mesh)."""
-    parts = [_whole(g.detach().float().pow(2).sum()) for g in grads if g is not None]
-    return float(torch.stack(parts).sum().sqrt()) if parts else 0.0
+    """L2 norm over every tensor; a sharded gradient (FSDP's DTensor) counts whole (summed over its mesh).
+
+    Summed in float32; when that overflows (entries above ~1.8e19) while every entry is finite, again in
+    float64, so a finite but huge gradient gets a finite norm (and is bounded, not silently dropped as a
+    norm of inf would make it); only a NaN or inf entry gives NaN or inf.
+    """
+    present = [g.detach() for g in grads if g is not None]
+    if not present:
+        return 0.0
+    norm = float(torch.stack([_whole(g.float().pow(2).sum()) for g in present]).sum().sqrt())
+    if norm == float("inf") and all(bool(torch.isfinite(_whole(g.abs().amax()))) for g in present):
+        norm = float(sum(float(_whole(g.double().pow(2).sum())) for g in present) ** 0.5)
+    return norm
 
 
 def _whole(value: Tensor) -> Tensor:

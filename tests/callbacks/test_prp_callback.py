@@ -388,3 +388,15 @@ def test_batch_scaled_prp_on_several_ranks_of_one_policy_is_refused():
     assert len(errors) == 1 and "policy 'a' has scale_rewards='batch' and 2 data-parallel ranks" in errors[0]
     assert prp.config_errors(trainer(2, "disjoint"), system) == []  # one rank each
     assert prp.config_errors(trainer(1, "colocated"), system) == []
+
+
+def test_batch_scaled_prp_with_dynamic_sampling_is_refused():
+    """PRP recomputes a batch-scaled std over every sampled group; dynamic sampling trains on the kept ones."""
+    from types import SimpleNamespace
+
+    prp = PeerRolloutPooling()
+    policies = {"a": SimpleNamespace(scale_rewards="batch", filter_groups=True),
+                "b": SimpleNamespace(scale_rewards="batch", filter_groups=False),
+                "c": SimpleNamespace(scale_rewards="group", filter_groups=True)}
+    errors = prp.config_errors(SimpleNamespace(callbacks=[prp], placement=None), SimpleNamespace(policies=policies))
+    assert len(errors) == 1 and "policy 'a' has scale_rewards='batch' and filter_groups: true" in errors[0], errors

@@ -125,3 +125,15 @@ def test_the_bound_is_measured_on_the_groups_gradient_not_this_ranks():
     for m in (m_a, m_b):
         assert m["sgt/grad_share_raw"] == pytest.approx(4 / 7) and m["sgt/grad_scale"] == pytest.approx(0.25)
     assert term.totals_seen == [{"sgt_demos": 3.0}]  # the group's totals reach the term as an argument
+
+
+def test_a_huge_but_finite_transfer_gradient_is_bounded_not_dropped():
+    """Entries of 1e20 overflow a float32 sum of squares; the norm is then taken in float64, so the term is
+    scaled to its bound instead of getting a norm of inf and a scale of 0."""
+    w = torch.nn.Parameter(torch.tensor([1.0, 1.0]))
+    w.grad = torch.tensor([3.0, 4.0])  # ||g_0|| = 5
+    term = _Term("sgt", lambda p: 1e20 * p[0], max_grad_share=0.5)
+    metrics = backward_aux_losses([term], None, w, lambda loss: loss.backward(), [w], tag=lambda n: n)
+    assert metrics["sgt/grad_norm"] == pytest.approx(1e20)
+    assert metrics["sgt/grad_share"] == pytest.approx(0.5)  # bounded: ||s g_k|| = ||g_0||
+    assert w.grad.tolist() == pytest.approx([3.0 + 5.0, 4.0])

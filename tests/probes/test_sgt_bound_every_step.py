@@ -68,10 +68,9 @@ def _steps(lm_dir, probe: SuccessGatedTransfer):
     return out
 
 
-@pytest.mark.parametrize("transfer_mode", ["nll", "group"])
-def test_the_transfer_share_of_the_applied_update_is_within_the_bound_on_every_step(lm_dir, transfer_mode):
+def test_the_transfer_share_of_the_applied_update_is_within_the_bound_on_every_step(lm_dir):
     probe = SuccessGatedTransfer(lambda_sgt=50.0, max_grad_share=0.2, max_grad_share_final=0.5,
-                                 max_grad_share_ramp_steps=len(SCALES) - 1, transfer_mode=transfer_mode)
+                                 max_grad_share_ramp_steps=len(SCALES) - 1)
     steps = _steps(lm_dir, probe)
     bounds = [bound for bound, *_ in steps]
     assert bounds == pytest.approx([0.2 + 0.3 * k / (len(SCALES) - 1) for k in range(len(SCALES))])
@@ -81,8 +80,7 @@ def test_the_transfer_share_of_the_applied_update_is_within_the_bound_on_every_s
         assert metrics["probe/sgt/me/grad_share"] == pytest.approx(actual, abs=1e-5), f"step {k}"
         assert metrics["probe/sgt/me/grad_share_max"] == metrics["probe/sgt/me/grad_share"]
         assert metrics["probe/sgt/me/grpo_grad_norm"] == pytest.approx(grpo, rel=1e-4, abs=1e-7)
-        if SCALES[k] == 0.0 and transfer_mode == "nll":  # no GRPO signal: strict, no transfer at all
-            # (group mode gives the rescued prompt's own samples a signal of their own: a group of own + demo)
+        if SCALES[k] == 0.0:  # no GRPO signal: strict, no transfer at all
             assert grpo == 0.0 and transfer == 0.0 and metrics["probe/sgt/me/grad_scale"] == 0.0
         elif SCALES[k] >= 0.25:  # lambda 50 dwarfs GRPO: the bound binds, the share sits on it
             assert metrics["probe/sgt/me/grad_share_raw"] > bound
@@ -118,3 +116,20 @@ def test_a_floor_without_a_bound_is_a_config_error():
 
     with pytest.raises(ConfigError, match="grad_share_floor is set but max_grad_share is null"):
         SuccessGatedTransfer(grad_share_floor=0.5)
+
+
+def test_group_mode_with_a_bound_is_a_config_error():
+    """In group mode the demos rewrite their group's own advantages: part of the transfer is inside g_grpo."""
+    from mrl_lightning.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="transfer_mode='group' with max_grad_share=0.3: .* no share of the update"):
+        SuccessGatedTransfer(max_grad_share=0.3, transfer_mode="group")
+    SuccessGatedTransfer(transfer_mode="group")  # unbounded group mode stays
+
+
+def test_group_mode_for_a_receiver_with_dynamic_sampling_is_a_config_error():
+    probe = SuccessGatedTransfer(transfer_mode="group")
+    system = SimpleNamespace(policies={"a": SimpleNamespace(filter_groups=True), "b": SimpleNamespace(filter_groups=False)})
+    errors = probe.config_errors(SimpleNamespace(callbacks=[probe]), system)
+    assert len(errors) == 1 and "policy 'a' has filter_groups: true" in errors[0], errors
+    assert SuccessGatedTransfer().config_errors(SimpleNamespace(callbacks=[]), system) == []
