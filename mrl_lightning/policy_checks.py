@@ -141,6 +141,8 @@ def source_errors(policy) -> list[str]:
     """
     p = f"policy {policy.policy_name!r}"
     errors: list[str] = []
+    if isinstance(policy.model_source, ModelRecipe):  # a missing package or file (e.g. a GGUF source's)
+        errors.extend(policy.model_source.source_errors(p))
     if isinstance(policy.model_source, str) and looks_local(policy.model_source):
         if not Path(policy.model_source).expanduser().is_dir():
             errors.append(f"{p}: model={policy.model_source!r} is not an existing folder. Give a folder "
