@@ -50,6 +50,12 @@ class PolicyModule(pl.LightningModule):
         top_k: Top-k sampling, 0 = off (TRL ``top_k``).
         max_prompt_length: Prompts are left-truncated to this many tokens.
         max_completion_length: L, max new tokens (TRL ``max_completion_length``).
+        stop: Stop strings (vLLM ``SamplingParams.stop``, transformers ``stop_strings``): a completion
+            also ends at the token whose text completes one, e.g. ``["\n"]`` for a base model that
+            answers on one line; finish ``stop``, the text cut before the string, the tokens kept
+            through that token (exactly as vLLM cuts; docs/rollout.md, "Stop strings"). None = none.
+        include_stop_str_in_output: Keep the matched stop string in the completion's text (vLLM's option
+            of the same name); the tokens are the same either way.
         beta: k3 KL weight; 0 disables the reference model (TRL ``beta``).
         use_bias_correction_kl: Multiply the per-token k3 KL by the importance ratio, not
             detached (TRL ``use_bias_correction_kl``, True there too; ``docs/grpo.md``).
@@ -140,6 +146,8 @@ class PolicyModule(pl.LightningModule):
         top_k: int = 0,
         max_prompt_length: int = 64,
         max_completion_length: int = 8,
+        stop: list[str] | str | None = None,
+        include_stop_str_in_output: bool = False,
         beta: float = 0.0,
         use_bias_correction_kl: bool = True,
         kl_log_ratio_clamp: float | None = 20.0,
@@ -190,6 +198,8 @@ class PolicyModule(pl.LightningModule):
         self.learning_rate, self.weight_decay, self.max_grad_norm = learning_rate, weight_decay, max_grad_norm
         self.num_generations, self.temperature, self.top_p, self.top_k = num_generations, temperature, top_p, top_k
         self.max_prompt_length, self.max_completion_length = max_prompt_length, max_completion_length
+        self.stop = [stop] if isinstance(stop, str) else (list(stop) if stop else None)
+        self.include_stop_str_in_output = include_stop_str_in_output
         self.beta, self.epsilon, self.epsilon_high = beta, epsilon, epsilon_high
         self.use_bias_correction_kl, self.kl_log_ratio_clamp = use_bias_correction_kl, kl_log_ratio_clamp
         self.num_iterations, self.loss_type, self.scale_rewards = num_iterations, loss_type, scale_rewards
@@ -272,6 +282,14 @@ class PolicyModule(pl.LightningModule):
         listed = [listed] if isinstance(listed, int) else list(listed or [])
         ids = [self.tokenizer.eos_token_id, *listed, self.end_of_turn_id]
         return list(dict.fromkeys(i for i in ids if i is not None))
+
+    @property
+    def stop_kwargs(self) -> dict:
+        """What an engine's ``generate`` gets for the ``stop`` strings: ``{}`` without them (the call is as
+        before stop strings existed), else ``{"stop": [...], "include_stop_str_in_output": ...}``."""
+        if not self.stop:
+            return {}
+        return {"stop": list(self.stop), "include_stop_str_in_output": self.include_stop_str_in_output}
 
     @property
     def is_adapter(self) -> bool:

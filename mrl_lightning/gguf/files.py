@@ -69,7 +69,8 @@ def read_header(path: str | Path, keys: tuple[str, ...] = ("general.architecture
         raise GGUFFileError(f"{str(path)!r} is not a GGUF file ({exc}).") from exc
     except (struct.error, IndexError, UnicodeDecodeError) as exc:
         raise GGUFFileError(f"{str(path)!r} starts as a GGUF file but its metadata ends early or is damaged "
-                            f"({type(exc).__name__}: {exc}); the file is incomplete or corrupt: fetch it again.") from exc
+                            f"({type(exc).__name__}: {exc}); the file is incomplete or corrupt: fetch it "
+                            "again.") from exc
 
 
 def _parse(blob, path: Path, wanted: set[str]) -> dict:
