@@ -147,7 +147,7 @@ def stale_temporaries(root: Path) -> list[Path]:
     out = []
     for path in root.glob(".converting-*"):
         try:
-            pid = int(path.name.split("-")[2])
+            pid = int(path.name.split("-")[1])
         except (IndexError, ValueError):
             continue
         try:
