@@ -1,6 +1,6 @@
 """A GGUF file read without loading it: is it one, what it is, its sha256 (docs/real_models.md).
 
-GGUF (llama.cpp's format, https://github.com/ggml-org/ggml/blob/master/docs/gguf.md) starts
+GGUF (llama.cpp's format, specified in the ggml repository's ``gguf.md``) starts
 with the magic ``b"GGUF"``, a version (2 or 3), the tensor count and the metadata count (both
 uint64, little-endian), then the metadata: key (uint64 length + UTF-8 bytes), value type
 (uint32), value. :func:`read_header` reads that far and stops at the keys it was asked for,
