@@ -74,6 +74,12 @@ class ModelRecipe:
         return None
 
     @property
+    def config_is_exact(self) -> bool:
+        """True when :meth:`model_config` is exactly what :meth:`materialize` builds (e.g. a converted file);
+        False when its sizes are upper bounds (a vocabulary trained at build time), as the plan marks them."""
+        return False
+
+    @property
     def strong_parts(self) -> list[str] | None:
         """Task parts the built model starts good at (a warm-start's part); None = not known."""
         return None

@@ -252,9 +252,10 @@ class PolicyModule(pl.LightningModule):
 
     @property
     def builds_from_recipe(self) -> bool:
-        """True when the model is built by a :class:`~mrl_lightning.model_source.ModelRecipe`,
-        whose vocabulary is known only once its tokenizer is trained."""
-        return isinstance(self.model_source, ModelRecipe)
+        """True when the model is built by a :class:`~mrl_lightning.model_source.ModelRecipe`
+        whose vocabulary is known only once its tokenizer is trained (not a converted GGUF file,
+        whose config is exact: ``ModelRecipe.config_is_exact``)."""
+        return isinstance(self.model_source, ModelRecipe) and not self.model_source.config_is_exact
 
     def note_optimizer_step(self) -> None:
         """Count one optimizer step of this process's model (:attr:`optimizer_steps_taken`).

@@ -80,6 +80,11 @@ class GGUFModel(ModelRecipe):
             return PYPI_PREFIX + self.package
         return str(Path(self.path) / self.file) if self.file else str(self.path)
 
+    @property
+    def config_is_exact(self) -> bool:
+        """A GGUF file's config is the converted model's exactly (the plan shows no upper bounds)."""
+        return True
+
     def _root(self) -> Path:
         return Path(self.cache_dir or default_cache_dir()).expanduser()
 

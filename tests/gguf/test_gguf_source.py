@@ -209,3 +209,11 @@ def test_gguf_model_arguments_are_checked_at_once():
     assert "GGUFModel.package='nope'" in text and "GGUFModel.file='x.gguf' needs path" in text
     with pytest.raises(ConfigError, match="give exactly one of path"):
         GGUFModel()
+
+
+def test_a_gguf_policys_sizes_are_exact_in_the_plan(gguf_file, cache):
+    """A recipe's sizes are upper bounds until its tokenizer is trained; a GGUF file's config is exact."""
+    from mrl_lightning.recipes import TinyCausalLM
+
+    assert not _policy(str(gguf_file)).builds_from_recipe
+    assert PolicyModule(name="t", model=TinyCausalLM(family="gpt2")).builds_from_recipe
