@@ -206,12 +206,9 @@ class GGUFModel(ModelRecipe):
                    "name": PYPI_PREFIX + entry.name} if entry else {"kind": "file"})
         try:
             convert_gguf(path, tmp, source, log=lambda msg: log(f"[{name}] {msg}"))
-            if read_provenance(final) is not None:  # another process finished first
-                shutil.rmtree(tmp)
-            else:
-                if final.exists():  # a folder without provenance is not a finished conversion
-                    shutil.rmtree(final)
-                os.replace(tmp, final)
+            if final.exists() and read_provenance(final) is None:  # not a finished conversion
+                shutil.rmtree(final, ignore_errors=True)
+            _publish(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -236,10 +233,7 @@ class GGUFModel(ModelRecipe):
                 del config.quantization_config
             tmp = Path(tempfile.mkdtemp(prefix=".config-", dir=_made(memo.parent)))
             config.save_pretrained(str(tmp))
-            if not memo.exists():
-                os.replace(tmp, memo)
-            else:
-                shutil.rmtree(tmp, ignore_errors=True)
+            _publish(tmp, memo)
         self._config = AutoConfig.from_pretrained(str(memo))
         return self._config
 
@@ -263,6 +257,17 @@ class GGUFModel(ModelRecipe):
         built = self._built()
         prov = read_provenance(built) if built is not None else None
         return None if prov is None else {"model": self.label, "folder": str(built), **prov}
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename the finished folder ``tmp`` to ``final``; when another process got there first (a rename onto
+    its non-empty folder fails), keep theirs and drop ``tmp``."""
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        if not final.is_dir():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _made(folder: Path) -> Path:

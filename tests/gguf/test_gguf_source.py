@@ -217,3 +217,22 @@ def test_a_gguf_policys_sizes_are_exact_in_the_plan(gguf_file, cache):
 
     assert not _policy(str(gguf_file)).builds_from_recipe
     assert PolicyModule(name="t", model=TinyCausalLM(family="gpt2")).builds_from_recipe
+
+
+def test_a_conversion_that_another_process_finished_first_keeps_theirs(gguf_file, cache, monkeypatch):
+    import shutil
+
+    from mrl_lightning.gguf import source as gguf_source
+
+    real = gguf_source.convert_gguf
+
+    def convert_while_another_finishes(path, out, source, log=print):
+        prov = real(path, out, source, log)
+        shutil.copytree(out, policy.model_source.cache_folder())  # the other process renamed its folder first
+        return prov
+
+    policy = _policy(str(gguf_file))
+    monkeypatch.setattr(gguf_source, "convert_gguf", convert_while_another_finishes)
+    build_policy(policy, cache_log=lambda _: None)
+    assert policy.model_source.built_folder(policy, None) is not None
+    assert not [p for p in (cache / "models").iterdir() if p.name.startswith(".converting-")]
