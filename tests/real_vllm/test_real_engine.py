@@ -293,7 +293,7 @@ def test_stop_strings_are_cut_where_vllm_itself_cuts_them(tmp_path_factory, meas
     it, the token is kept and its "Q" cut from the text (docs/rollout.md, "Stop strings")."""
     from tiny_models import CROSSING, build_tiny_crossing_gpt2
 
-    folder = build_tiny_crossing_gpt2(tmp_path_factory.mktemp("real_crossing"), width=WIDTH, boost=14.0)
+    folder = build_tiny_crossing_gpt2(tmp_path_factory.mktemp("real_crossing"), width=64, boost=6.0)  # heads of 32
     policy = _policy(folder, temperature=1.0, stop=["\n"])
     engine = _engine(policy)
     prompts = ["A12", "Q: 7"]
