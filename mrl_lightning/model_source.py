@@ -1,9 +1,10 @@
 """Where a policy's model comes from: a local folder, a hub id, or a recipe that builds a folder.
 
 The policy depends on :class:`ModelRecipe`, the interface; recipes (e.g.
-:class:`~mrl_lightning.recipes.TinyCausalLM`) implement it, so the policy never imports a
-recipe and a new recipe needs no change to the policy. ``model:`` in YAML takes either a
-string (folder or hub id) or a recipe's ``class_path``.
+:class:`~mrl_lightning.recipes.TinyCausalLM`, :class:`~mrl_lightning.gguf.GGUFModel`) implement
+it, so a new recipe needs no change to the policy. ``model:`` in YAML takes either a string
+(folder, hub id, a ``.gguf`` file or ``pypi:<name>``: docs/real_models.md) or a recipe's
+``class_path``. Recipes cache what they build under :func:`default_cache_dir`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Callable
+
+
+def default_cache_dir() -> str:
+    """The model cache's root: ``$MRL_CACHE_DIR``, or ``~/.cache/mrl_lightning`` when it is unset."""
+    return os.environ.get("MRL_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "mrl_lightning"))
 
 
 class ModelRecipe:
@@ -47,6 +53,31 @@ class ModelRecipe:
     def built_folder(self, policy, datamodule) -> Path | None:
         """The folder an earlier :meth:`materialize` left for this policy and data, or None (not built yet)."""
         return None
+
+    def source_errors(self, where: str) -> list[str]:
+        """Problems found when the policy is constructed, before anything is read or built: a package or
+        file the recipe needs that is missing here; each names the field, the value and the install line.
+
+        Args:
+            where: Prefix naming the config entry, e.g. ``"policy 'smol'"``.
+        """
+        return []
+
+    def describe(self, policy, datamodule) -> str | None:
+        """One line for the printed resource plan: what the policy's model is loaded from (file,
+        quantization, sha256) and whether it is built yet; None = nothing to add."""
+        return None
+
+    def provenance(self, policy, datamodule) -> dict | None:
+        """What the built folder was made from, written into the run folder (``model_sources.json``);
+        None = nothing to record (or not built yet)."""
+        return None
+
+    @property
+    def config_is_exact(self) -> bool:
+        """True when :meth:`model_config` is exactly what :meth:`materialize` builds (e.g. a converted file);
+        False when its sizes are upper bounds (a vocabulary trained at build time), as the plan marks them."""
+        return False
 
     @property
     def strong_parts(self) -> list[str] | None:

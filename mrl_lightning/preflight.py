@@ -386,9 +386,19 @@ def check_before_build(trainer, model, datamodule, ckpt_path: str | None) -> Che
     plan_text, threads = plan_resources(placement, shapes, policies, datamodule.batch_size, fabric.device.type,
                                         type(fabric.strategy).__name__, trainer.precision, trainer.devices_per_node,
                                         trainer.num_threads)
+    plan_text += source_lines(policies, datamodule)
     if fabric.global_rank == 0:
         check_run_folder(trainer.log_dir, trainer.default_root_dir)
     return Checked(placement, checkpoint, plan_text, threads)
+
+
+def source_lines(policies: dict, datamodule) -> str:
+    """The plan's "Model sources" block: what each recipe-built policy loads (a GGUF file, its quantization
+    and sha256, its cache folder: :meth:`ModelRecipe.describe <mrl_lightning.model_source.ModelRecipe.describe>`);
+    empty when no recipe has anything to say (the tiny default)."""
+    lines = [line for p in policies.values() if isinstance(p.model_source, ModelRecipe)
+             and (line := p.model_source.describe(p, datamodule))]
+    return "\nModel sources:\n" + "\n".join(f"  {line}" for line in lines) if lines else ""
 
 
 def _expected_models(policies: dict, shapes: dict, datamodule) -> dict[str, dict[str, Any]]:

@@ -134,7 +134,7 @@ class MutualRL(pl.LightningModule):
                 num_generations=policy.num_generations, max_completion_length=policy.max_completion_length,
                 temperature=policy.temperature, top_p=policy.top_p, top_k=policy.top_k,
                 weights_version=policy.optimizer_steps_taken, prompt_seeds=prompt_seeds,
-                stop_token_ids=policy.stop_token_ids,
+                stop_token_ids=policy.stop_token_ids, **policy.stop_kwargs,
             )
         check_finite_logprobs(policy.policy_name, out.old_logprobs, out.completion_mask)
         repeated = [x for x in items for _ in range(policy.num_generations)]
@@ -156,6 +156,7 @@ class MutualRL(pl.LightningModule):
             policy.model, policy.tokenizer, policy.encode_prompts([policy.render_prompt(x) for x in items]),
             num_generations=1, max_completion_length=policy.max_completion_length, do_sample=False,
             weights_version=policy.optimizer_steps_taken, stop_token_ids=policy.stop_token_ids,
+            **policy.stop_kwargs,
         )
 
     @torch.no_grad()
@@ -181,7 +182,7 @@ class MutualRL(pl.LightningModule):
                 num_generations=num_samples, max_completion_length=policy.max_completion_length,
                 temperature=policy.temperature, top_p=policy.top_p, top_k=policy.top_k,
                 weights_version=policy.optimizer_steps_taken, prompt_seeds=prompt_seeds,
-                stop_token_ids=policy.stop_token_ids,
+                stop_token_ids=policy.stop_token_ids, **policy.stop_kwargs,
             )
         repeated = [x for x in items for _ in range(num_samples)]
         _, _, success = self.score(out.completion_texts, repeated)

@@ -13,12 +13,13 @@ Counters are separate and named: ``rollout_step`` (rollout phases done),
 (completions sampled, all policies, all ranks).
 
 Run folder ``<default_root_dir>/version_<n>/``: ``config.yaml`` (resolved config),
-TensorBoard events, ``checkpoints/step=<k>.ckpt`` and ``checkpoints/last.ckpt``.
+``model_sources.json`` (what a GGUF-sourced policy loaded: file, sha256, quantization), TensorBoard events, ``checkpoints/step=<k>.ckpt`` and ``checkpoints/last.ckpt``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from functools import partial
@@ -257,6 +258,7 @@ class MRLTrainer:
                 self._load(checkpoint, model, datamodule)
                 self.print(f"Resumed from {ckpt_path} at step {self.global_step}.")
         self._write_config()
+        self._write_sources(model, datamodule)
         self.print(f"Run folder: {self.log_dir}")
         self.fabric.call("on_fit_start", self.ctx, model)
         if self.global_step == 0:
@@ -412,6 +414,15 @@ class MRLTrainer:
                                    note=self.print)
         self.global_step, self.rollout_step, self.samples_seen = c["global_step"], c["rollout_step"], c["samples_seen"]
         self.optimizer_steps = dict(c["optimizer_steps"])
+
+    def _write_sources(self, model, datamodule) -> None:
+        """``model_sources.json`` in the run folder: what each policy built from a recipe that records it
+        (a GGUF file, its sha256 and quantization, the converted folder; docs/real_models.md)."""
+        sources = {name: prov for name, p in model.policies.items()
+                   if (prov := getattr(p.model_source, "provenance", lambda *a: None)(p, datamodule))}
+        if sources and self.is_global_zero:
+            os.makedirs(self.log_dir, exist_ok=True)
+            Path(self.log_dir, "model_sources.json").write_text(json.dumps(sources, indent=2))
 
     def _write_config(self) -> None:
         """``config.yaml`` in the run folder, written atomically (:func:`~mrl_lightning.checkpoint.atomic_write`):

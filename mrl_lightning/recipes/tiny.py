@@ -50,7 +50,7 @@ from typing import Any, Callable
 import torch
 
 from mrl_lightning.errors import ConfigError
-from mrl_lightning.model_source import ModelRecipe
+from mrl_lightning.model_source import ModelRecipe, default_cache_dir  # noqa: F401 - also imported from here
 from mrl_lightning.recipes.families import (
     CHAT_FORMATS,
     FAMILIES,
@@ -62,11 +62,6 @@ from mrl_lightning.recipes.families import (
 from mrl_lightning.recipes.families import model_config as family_config
 from mrl_lightning.recipes.warm_start import warm_start_shortfall, warm_start_split  # noqa: F401 - also imported from here
 from mrl_lightning.writable import write_problem
-
-
-def default_cache_dir() -> str:
-    """``$MRL_CACHE_DIR`` or ``~/.cache/mrl_lightning``."""
-    return os.environ.get("MRL_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "mrl_lightning"))
 
 
 def save_model(model, out: Path) -> None:

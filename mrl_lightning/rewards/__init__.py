@@ -8,6 +8,7 @@ __all__ = ["ReasoningGymAccuracy", "RewardError", "RewardFunction", "TimeLimited
            "extract_answer"]
 
 from mrl_lightning.rewards.answers import answers_match, parse_final_answer, parse_reference
+from mrl_lightning.rewards.final_number import final_number
 from mrl_lightning.rewards.math_verify import MathVerifyReward
 
-__all__ += ["MathVerifyReward", "answers_match", "parse_final_answer", "parse_reference"]
+__all__ += ["MathVerifyReward", "answers_match", "final_number", "parse_final_answer", "parse_reference"]

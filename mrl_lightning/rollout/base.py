@@ -21,14 +21,19 @@ class RolloutBatch:
         prompt_ids: ``[N, P]`` int64, left-padded.
         prompt_mask: ``[N, P]`` bool, True = real prompt token.
         completion_ids: ``[N, L]`` int64, right-padded with the pad id.
-        completion_mask: ``[N, L]`` bool, True = counted (through the first stop token).
+        completion_mask: ``[N, L]`` bool, True = counted (through the first stop token, or the token
+            whose text completed a stop string).
         old_logprobs: ``[N, L]`` float32 nats under the sampling distribution (0 where masked).
         finish_reasons: N strings, "stop" (ended at a stop token: EOS, the model's
-            generation-config EOS list, the chat end of turn) or "length" (the length limit).
-        completion_texts: N decoded texts (special tokens removed).
+            generation-config EOS list, the chat end of turn; or at a stop string) or "length"
+            (the length limit).
+        completion_texts: N decoded texts (special tokens removed; cut before a matched stop string).
         sampling_logprobs: ``[N, L]`` float32 nats when the sampler's log-probs must be
             re-scored by the update (another engine, or mixed precision); None = the old
             log-probs are the update's own.
+        stop_reasons: N entries, as vLLM's ``stop_reason``: the stop string a "stop" row matched
+            (:mod:`mrl_lightning.rollout.stops`) or the stop id it ended with (EOS's id too, where vLLM
+            reports None), None for "length"; None = not recorded.
     """
 
     prompt_ids: Tensor
@@ -39,6 +44,7 @@ class RolloutBatch:
     finish_reasons: list[str]
     completion_texts: list[str]
     sampling_logprobs: Tensor | None = None
+    stop_reasons: list[int | str | None] | None = None
 
     @property
     def truncated(self) -> Tensor:
@@ -114,7 +120,8 @@ class RolloutEngine(Protocol):
     completions depend on its seed alone, not on the other prompts of the call, so
     placements that split the prompts differently sample the same completions; None =
     seeds drawn from torch's current generator. ``stop_token_ids`` end a completion (finish
-    ``stop``, the stop token kept and counted); every engine stops on the same set.
+    ``stop``, the stop token kept and counted), and so do ``stop`` strings, cut as vLLM cuts them
+    (:mod:`mrl_lightning.rollout.stops`); every engine stops on the same set.
     """
 
     name: str
@@ -135,4 +142,6 @@ class RolloutEngine(Protocol):
         weights_version: int = 0,
         prompt_seeds: list[int] | None = None,
         stop_token_ids: list[int] | None = None,
+        stop: list[str] | None = None,
+        include_stop_str_in_output: bool = False,
     ) -> RolloutBatch: ...

@@ -30,9 +30,11 @@ of the training model under the same autocast, which is what TRL does.
 
 Stops: a completion ends at the first of the policy's stop ids (EOS, every id of the
 model's generation-config EOS list, its chat template's end of turn: ``stop_token_ids``),
-finish ``stop``; only the length limit gives ``length``. Completion mask: True for every
-token up to and including that stop token. It is built from the stop position, not from
-``!= pad``, so the real stop token stays counted when ``pad_token_id == eos_token_id``.
+or at the token whose text completes one of its ``stop`` strings (cut as vLLM cuts:
+:mod:`mrl_lightning.rollout.stops`), finish ``stop``; only the length limit gives
+``length``. Completion mask: True for every token up to and including that token. It is
+built from the stop position, not from ``!= pad``, so the real stop token stays counted when
+``pad_token_id == eos_token_id``.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from torch import Tensor
 
 from mrl_lightning.forward import shared_prefix_cache
 from mrl_lightning.rollout.base import RolloutBatch, left_pad
+from mrl_lightning.rollout.stops import scan_completion, stop_string_criteria
 from mrl_lightning.thl import decode_completion
 
 
@@ -308,6 +311,8 @@ class HFGenerateEngine:
         weights_version: int = 0,
         prompt_seeds: list[int] | None = None,
         stop_token_ids: list[int] | None = None,
+        stop: list[str] | None = None,
+        include_stop_str_in_output: bool = False,
         share_prompt_prefill: bool = True,
     ) -> RolloutBatch:
         """Sample ``num_generations`` completions per prompt, with the policy's settings only.
@@ -331,6 +336,10 @@ class HFGenerateEngine:
             stop_token_ids: Ids that end a completion (finish ``stop``; the policy's EOS, its
                 model's generation-config EOS list and its chat end of turn); None = the
                 tokenizer's EOS.
+            stop: Stop strings (vLLM ``SamplingParams.stop``): a completion ends at the token whose
+                text completes one, finish ``stop``, the text cut before it; None = none
+                (:mod:`mrl_lightning.rollout.stops`).
+            include_stop_str_in_output: Keep the matched stop string in the text (vLLM's option).
             share_prompt_prefill: Run each prompt once and share its KV cache across its
                 G rows (:func:`mrl_lightning.forward.shared_prefix_cache`); False = one plain
                 ``generate`` over the B*G rows.
@@ -373,8 +382,11 @@ class HFGenerateEngine:
                     # synced_gpus off: transformers turns it on for an FSDP model and then all-reduces on the
                     # default group at every token, which hangs when the policy's group is not every rank;
                     # a sharded policy generates from its full weights (mwra/sharding.py full_weights)
+                    criteria = [stop_string_criteria(tokenizer, stop, ids.shape[0], include_stop_str_in_output)] \
+                        if stop else None
                     out = model.generate(input_ids=ids, attention_mask=mask.long(), generation_config=config,
-                                         logits_processor=processors, synced_gpus=False, **prefix)
+                                         logits_processor=processors, stopping_criteria=criteria, synced_gpus=False,
+                                         **prefix)
         finally:
             model.train(was_training)
         completion = out.sequences[:, ids.shape[1]:]
@@ -382,23 +394,41 @@ class HFGenerateEngine:
         # them whole would hold 3 more copies of [N, L, V] (docs/mwra.md, "The resource plan")
         logp = torch.stack([_sampled_logprobs(step, completion[:, t], temperature)
                             for t, step in enumerate(out.logits)], dim=1)  # [N, L]
-        cmask, has_eos = completion_mask_from_eos(completion, stops)
+        if stop:  # where each row's text completes a stop string, or its first stop id (rollout/stops.py)
+            scans = [scan_completion(tokenizer, row, stops, stop, include_stop_str_in_output)
+                     for row in completion.tolist()]
+            cmask = torch.arange(completion.shape[1], device=completion.device).unsqueeze(0) < torch.tensor(
+                [s.length for s in scans], device=completion.device).unsqueeze(1)
+            has_eos, reasons = torch.tensor([s.stopped for s in scans]), [s.stop_reason for s in scans]
+        else:
+            cmask, has_eos = completion_mask_from_eos(completion, stops)
+            scans, reasons = None, _stop_ids_at_end(completion, cmask, has_eos)
         # Rows that finished early were filled with pad; never count those positions.
         logp = torch.where(cmask, logp, torch.zeros_like(logp))
         completion = torch.where(cmask, completion, torch.full_like(completion, tokenizer.pad_token_id))
         # Exact text (THL): keeps a leading space that SentencePiece's decode would strip;
         # EOS and other specials contribute nothing; a cut character becomes U+FFFD.
         texts, decoded = [], {}  # a group often repeats a completion: decode each distinct one once
-        for row, counted in zip(completion.tolist(), cmask.tolist()):
+        for i, (row, counted) in enumerate(zip(completion.tolist(), cmask.tolist())):
             key = tuple(t for t, m in zip(row, counted) if m)
+            if scans is not None and scans[i].text is not None:  # cut at its stop string
+                texts.append(scans[i].text)
+                continue
             if key not in decoded:
                 decoded[key] = decode_completion(tokenizer, list(key), errors="replace")
             texts.append(decoded[key])
         return RolloutBatch(
             prompt_ids=ids, prompt_mask=mask, completion_ids=completion, completion_mask=cmask,
             old_logprobs=logp, finish_reasons=["stop" if e else "length" for e in has_eos.tolist()],
-            completion_texts=texts,
+            completion_texts=texts, stop_reasons=reasons,
         )
+
+
+def _stop_ids_at_end(completion: Tensor, cmask: Tensor, has_eos: Tensor) -> list[int | None]:
+    """Each row's stop reason without stop strings: the stop id it ended with, or None (length)."""
+    last = cmask.sum(dim=1) - 1
+    ends = completion.gather(1, last.clamp(min=0).unsqueeze(1)).squeeze(1).tolist()
+    return [int(e) if h else None for e, h in zip(ends, has_eos.tolist())]
 
 
 def _sampled_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -56,6 +56,7 @@ import torch
 from torch import Tensor
 
 from mrl_lightning.rollout.base import RolloutBatch, left_pad
+from mrl_lightning.rollout.stops import Scan, scan_completion
 from mrl_lightning.thl import decode_completion
 
 # vLLM's finish reasons (vllm.v1.engine.FINISH_REASON_STRINGS) -> the rollout contract's.
@@ -82,7 +83,8 @@ class Backend(Protocol):
     """What :class:`VLLMEngine` needs from vLLM (colocated ``LLM`` or a server client)."""
 
     def sample(self, prompt_ids: list[list[int]], n: int, seeds: list[int], temperature: float, top_p: float,
-               top_k: int, max_tokens: int) -> list[list[Sample]]: ...
+               top_k: int, max_tokens: int, stop_ids: list[int], stop: list[str] | None = None,
+               include_stop_str_in_output: bool = False) -> list[list[Sample]]: ...
 
     def push_weights(self, model: torch.nn.Module) -> None: ...
 
@@ -193,12 +195,16 @@ class ColocatedVLLM:
         self.dtype = llm.collective_rpc(_engine_dtype)[0]
         _quiet_rotary_reload()
 
-    def sample(self, prompt_ids, n, seeds, temperature, top_p, top_k, max_tokens, stop_ids) -> list[list[Sample]]:
+    def sample(self, prompt_ids, n, seeds, temperature, top_p, top_k, max_tokens, stop_ids, stop=None,
+               include_stop_str_in_output=False) -> list[list[Sample]]:
         # stop_token_ids: vLLM ends a request at any of them with finish "stop" and keeps the
         # token in the output ids (it does so for EOS and generation-config EOS ids alike).
+        # stop: vLLM's output processor cuts the text at the first stop string and keeps the token
+        # ids through the one that completed it (rollout/stops.py).
+        strings = dict(stop=list(stop), include_stop_str_in_output=include_stop_str_in_output) if stop else {}
         params = [self.sampling_params_cls(n=n, temperature=temperature, top_p=top_p, top_k=top_k,
                                            max_tokens=max_tokens, logprobs=0, seed=seed,
-                                           stop_token_ids=list(stop_ids)) for seed in seeds]
+                                           stop_token_ids=list(stop_ids), **strings) for seed in seeds]
         outputs = self.llm.generate([{"prompt_token_ids": list(ids)} for ids in prompt_ids], params, use_tqdm=False)
         out = []
         for request in outputs:
@@ -234,17 +240,21 @@ class ServerVLLM:
     def __init__(self, client: Any) -> None:
         self.client = client
 
-    def sample(self, prompt_ids, n, seeds, temperature, top_p, top_k, max_tokens, stop_ids) -> list[list[Sample]]:
+    def sample(self, prompt_ids, n, seeds, temperature, top_p, top_k, max_tokens, stop_ids, stop=None,
+               include_stop_str_in_output=False) -> list[list[Sample]]:
         stops = set(stop_ids)
+        strings = dict(stop=list(stop), include_stop_str_in_output=include_stop_str_in_output) if stop else {}
         out = []
         for ids, seed in zip(prompt_ids, seeds):  # one request per prompt: its own seed, as colocated
             reply = self.client.generate(prompts=[list(ids)], n=n, repetition_penalty=1.0, temperature=temperature,
                                          top_p=top_p, top_k=top_k, min_p=0.0, max_tokens=max_tokens, logprobs=0,
-                                         generation_kwargs={"seed": seed, "stop_token_ids": sorted(stops)})
+                                         generation_kwargs={"seed": seed, "stop_token_ids": sorted(stops),
+                                                            **strings})
             rows = []
             for tokens, lps, lp_ids in zip(reply["completion_ids"], reply["logprobs"], reply["logprob_token_ids"]):
                 chosen = [lp[ids_t.index(tok)] for tok, lp, ids_t in zip(tokens, lps, lp_ids)]
-                stopped = bool(tokens) and tokens[-1] in stops  # the server's reply carries no finish reason
+                # the server's reply carries no finish reason (a stop string's is found by the engine's scan)
+                stopped = bool(tokens) and tokens[-1] in stops
                 rows.append(Sample(list(tokens), chosen, "stop" if stopped else "length"))
             out.append(rows)
         return out
@@ -317,6 +327,8 @@ class VLLMEngine:
         weights_version: int = 0,
         prompt_seeds: list[int] | None = None,
         stop_token_ids: list[int] | None = None,
+        stop: list[str] | None = None,
+        include_stop_str_in_output: bool = False,
         **_: Any,
     ) -> RolloutBatch:
         """Sample ``num_generations`` completions per prompt with the policy's settings only.
@@ -338,6 +350,10 @@ class VLLMEngine:
                 None = ``base + b*G`` with ``base`` drawn from torch's current generator.
             stop_token_ids: Ids that end a completion with finish ``stop`` (passed to vLLM as
                 ``stop_token_ids``); None = the tokenizer's EOS.
+            stop: Stop strings (vLLM ``SamplingParams.stop``); the completion is cut where vLLM cuts it,
+                the same rules replayed on the returned ids (:func:`~mrl_lightning.rollout.stops.scan_completion`),
+                so server mode, whose reply has no text, cuts alike; None = none.
+            include_stop_str_in_output: Keep the matched stop string in the text (vLLM's option).
 
         Returns:
             :class:`~mrl_lightning.rollout.base.RolloutBatch` with N = B * G rows, tensors on the model's device;
@@ -363,21 +379,24 @@ class VLLMEngine:
             base = int(torch.randint(0, _SEED_RANGE - len(prompt_ids) * n, (1,)))
             seeds = [base + b * n for b in range(len(prompt_ids))]
         stops = list(stop_token_ids) if stop_token_ids else [tokenizer.eos_token_id]
+        strings = dict(stop=list(stop), include_stop_str_in_output=include_stop_str_in_output) if stop else {}
         samples = self.backend.sample(prompt_ids, n, seeds, temperature if do_sample else 0.0,
                                       top_p if do_sample else 1.0, top_k if do_sample else 0, max_completion_length,
-                                      stops)
+                                      stops, **strings)
         if not do_sample:
             samples = [rows * num_generations for rows in samples]
-        return self._batch(model, tokenizer, prompt_ids, samples, num_generations, policy_name)
+        return self._batch(model, tokenizer, prompt_ids, samples, num_generations, policy_name, stops, strings)
 
     @staticmethod
-    def _batch(model, tokenizer, prompt_ids, samples, num_generations, policy_name) -> RolloutBatch:
+    def _batch(model, tokenizer, prompt_ids, samples, num_generations, policy_name, stops, strings) -> RolloutBatch:
         rows = [s for per_prompt in samples for s in per_prompt]
         for s in rows:
             if s.finish_reason not in FINISH_REASONS:
                 who = f"policy {policy_name!r}: " if policy_name else ""
                 raise RuntimeError(f"{who}vLLM ended a completion with finish_reason={s.finish_reason!r} (not a stop "
                                    "token or the length limit); the request was aborted or failed, see vLLM's log.")
+        cut = [_cut(tokenizer, s, stops, strings) for s in rows]
+        rows = [s for s, _ in cut]
         device = next(model.parameters()).device
         ids, mask = left_pad([p for p in prompt_ids for _ in range(num_generations)], tokenizer.pad_token_id)
         length = max(1, max(len(s.token_ids) for s in rows))
@@ -389,10 +408,30 @@ class VLLMEngine:
             completion[i, :k] = torch.tensor(s.token_ids, dtype=torch.long)
             cmask[i, :k] = True
             logp[i, :k] = torch.tensor(s.logprobs, dtype=torch.float32)
-        texts = [decode_completion(tokenizer, s.token_ids, errors="replace") for s in rows]
+        texts = [scan.text if scan is not None and scan.text is not None
+                 else decode_completion(tokenizer, s.token_ids, errors="replace") for s, scan in cut]
         return RolloutBatch(
             prompt_ids=ids.to(device), prompt_mask=mask.to(device), completion_ids=completion.to(device),
             completion_mask=cmask.to(device), old_logprobs=logp.clone().to(device),
             finish_reasons=[FINISH_REASONS[s.finish_reason] for s in rows], completion_texts=texts,
             sampling_logprobs=logp.to(device),
+            stop_reasons=[_stop_reason(s, scan) for s, scan in cut],
         )
+
+
+def _stop_reason(sample: Sample, scan: Scan | None) -> int | str | None:
+    """vLLM's ``stop_reason``: the matched stop string or stop id, the last id of a "stop" row, or None."""
+    if scan is not None and scan.stopped:
+        return scan.stop_reason
+    return int(sample.token_ids[-1]) if sample.finish_reason == "stop" and sample.token_ids else None
+
+
+def _cut(tokenizer, sample: Sample, stops: list[int], strings: dict) -> tuple[Sample, Scan | None]:
+    """A sample cut at its stop string as vLLM cuts it (:func:`~mrl_lightning.rollout.stops.scan_completion`):
+    through the token that completed it, finish "stop"; unchanged (and no scan) without stop strings."""
+    if not strings:
+        return sample, None
+    scan = scan_completion(tokenizer, sample.token_ids, stops, strings["stop"], strings["include_stop_str_in_output"])
+    if not scan.stopped:
+        return sample, scan
+    return Sample(sample.token_ids[:scan.length], sample.logprobs[:scan.length], "stop"), scan

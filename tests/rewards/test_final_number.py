@@ -1,0 +1,106 @@
+"""Final numbers (docs/answers.md, "Final numbers"): a real model's answer read from its words, strict on the value.
+
+The texts are what SmolLM2-135M-Instruct (its chat template, greedy, 32 new tokens) and Gemma 3
+270M base (a few-shot template cut at its newline stop) wrote on reasoning-gym prompts here
+(benchmarks/real_task_choice.py), plus hedges. Where one number is stated, the value agrees with
+math-verify's reading of the same text; where two are, math-verify takes the last and this rule
+takes none, so "57 or 58" is never a success.
+"""
+
+from __future__ import annotations
+
+import pytest
+import reasoning_gym
+
+from mrl_lightning.data.items import PromptItem
+from mrl_lightning.errors import ConfigError
+from mrl_lightning.rewards import ReasoningGymAccuracy, final_number
+from mrl_lightning.rewards.answers import answers_match, parse_final_answer, parse_reference
+
+# text -> the number it states as its final answer (worked out by reading it), or None
+STATED = [
+    ("To calculate 4 + 6, we simply add them together. 4 + 6 equals 10.", "10"),             # SmolLM2
+    ("To calculate 95 + 70, we need to add 95 and 70, which is 165. This is the", "165"),      # SmolLM2, cut at 32
+    ("To calculate 5 + 10, we need to add 5 and 10, which is 15. This is a classic example of", "15"),
+    ("The answer is 2.", "2"),                                                                  # SmolLM2, chain_sum
+    ("53 + 4 = 57. The answer is 57.", "57"),
+    ("To calculate 53 + 4, we need to add 53 and 4.\n\n53 + 4 = 57", "57"),
+    ("The sum of 53 and 4 is 57.", "57"),
+    ("10 + 3 = 4\n\nThis is a classic example of a mathematical operation that can be performed by", "4"),
+    (" 57", "57"),                                                                               # Gemma, cut at "\n"
+    (" -14", "-14"),
+    (" 1,234", "1234"),
+    ("The answer is $\\boxed{57}$.", "57"),
+    ("57.0", "57"),
+    (" 12.5", "12.5"),
+    ("#### 18", "18"),
+    ("<answer>18</answer> (I checked: 9 + 9 = 18)", "18"),
+    ("57 is the answer.", "57"),
+]
+HEDGES = [
+    "57 or 58",
+    "58 or 57",
+    "The answer is 57 or 58.",
+    "I think it's 57, but maybe 58.",
+    "Answer: 57 (or 58)",
+    "57, 58",
+]
+NO_ANSWER = ["To calculate 53 + 4, we need to add 53 and", "", "I cannot answer that."]
+
+
+@pytest.mark.parametrize("text, number", STATED)
+def test_the_stated_number_is_read(text, number):
+    assert final_number(text) == number
+
+
+@pytest.mark.parametrize("text, number", [(t, n) for t, n in STATED if n != "4"])
+def test_the_value_agrees_with_math_verify_where_one_number_is_stated(text, number):
+    assert answers_match(parse_reference(number), parse_final_answer(text))
+
+
+@pytest.mark.parametrize("text", HEDGES)
+def test_a_hedge_states_no_answer(text):
+    assert final_number(text) is None
+
+
+def test_math_verify_alone_would_accept_a_hedge_that_ends_with_the_gold():
+    """Why the rule exists: math-verify reads the last number of "58 or 57" (and the anchored first one of
+    "The answer is 57 or 58."), which is the gold 57."""
+    gold = parse_reference("57")
+    assert answers_match(gold, parse_final_answer("58 or 57"))
+    assert answers_match(gold, parse_final_answer("The answer is 57 or 58."))
+
+
+@pytest.mark.parametrize("text", NO_ANSWER)
+def test_a_text_without_an_answer_states_none(text):
+    assert final_number(text) is None
+
+
+@pytest.fixture(scope="module")
+def add_item():
+    cfg = dict(min_terms=2, max_terms=2, min_digits=2, max_digits=2, operators=["+"], allow_parentheses=False,
+               allow_negation=False)
+    entry = reasoning_gym.create_dataset("basic_arithmetic", seed=3, size=1, **cfg)[0]
+    assert (entry["question"], entry["answer"]) == ("Calculate 47 + 77.", "124")  # pinned generator
+    return PromptItem("add/0", entry["question"], entry["answer"], "add", entry)
+
+
+def test_final_number_mode_rewards_the_value_in_words_and_never_a_hedge(add_item):
+    reward = ReasoningGymAccuracy(answer="final_number")
+    texts = ["47 + 77 = 124. The answer is 124.", "The sum of 47 and 77 is 124.", " 124", "124 or 125",
+             "125 or 124", "The answer is 124 or 125.", "47 + 77 = 123", "We need to add 47 and"]
+    assert reward(texts, [add_item] * len(texts)) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert reward.strict and reward.name == "rg_exact_final_number" and reward.version.endswith("final-number-v1")
+
+
+def test_the_default_first_line_mode_is_unchanged(add_item):
+    """The tiny default's reward: first line, strict, same name and version as before the option existed."""
+    reward = ReasoningGymAccuracy()
+    texts = [" 124\nQuestion: 3 + 4", "47 + 77 = 124. The answer is 124.", "124 or 125", "1240"]
+    assert reward(texts, [add_item] * len(texts)) == [1.0, 0.0, 0.0, 0.0]
+    assert reward.name == "rg_exact" and reward.version == f"reasoning-gym=={reasoning_gym.__version__}"
+
+
+def test_an_unknown_answer_mode_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"ReasoningGymAccuracy.answer='last'; valid: \['first_line', 'final_number'\]"):
+        ReasoningGymAccuracy(answer="last")
