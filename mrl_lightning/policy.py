@@ -21,7 +21,7 @@ from torch import Tensor
 
 from mrl_lightning.chat import completion_end_id, encode_rendered, render_chat_prompt
 from mrl_lightning.errors import ConfigError
-from mrl_lightning.forward import completion_logits
+from mrl_lightning.logprobs import completion_logprobs
 from mrl_lightning.model_source import ModelRecipe
 from mrl_lightning.policy_checks import note_prompt_lengths, option_errors, position_errors, source_errors
 
@@ -363,19 +363,17 @@ class PolicyModule(pl.LightningModule):
             model: Module to score with (the reference model for KL).
             with_entropy: Also return the per-token entropy (costs a softmax over V).
 
+        Above :data:`~mrl_lightning.logprobs.LOGPROB_CHUNK_ELEMENTS` logits a call applies the
+        output head in chunks of positions and never holds ``[N, L, V]`` logits (not for an
+        ``fsdp`` policy); below it the computation is the plain one (:mod:`mrl_lightning.logprobs`).
+
         Returns:
-            ``([N, L] float32 nats, [N, L] float32 nats or None)``.
+            ``([N, L] float32 nats, [N, L] float32 nats or None)``; on the chunked path 0 at
+            positions not counted.
         """
         model = self.model if model is None else model
-        logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+        return completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                   temperature=self.temperature, with_entropy=with_entropy,
                                    share_prompts=self.share_prompt_forward and not (self.gradient_checkpointing
                                                                                    or self.fsdp),
-                                   ).float() / self.temperature
-        logz = torch.logsumexp(logits, dim=-1)
-        logp = torch.gather(logits, 2, completion_ids.unsqueeze(-1)).squeeze(-1) - logz
-        entropy = None
-        if with_entropy:
-            with torch.no_grad():
-                probs = torch.softmax(logits, dim=-1)
-                entropy = logz - (probs * logits).sum(-1)
-        return logp, entropy
+                                   allow_chunks=not self.fsdp)
