@@ -90,6 +90,80 @@ def _chunk(head, hidden: Tensor, ids: Tensor, temperature: float, softcap: float
     return logp, entropy
 
 
+class _LinearHeadChunks(torch.autograd.Function):
+    """Log-probs (and entropy) of ``[n]`` positions under a linear head, ``rows`` positions at a time.
+
+    Forward: per chunk, logits in the compute dtype (the autocast dtype the model's head ran in,
+    else the weight's), softcap, float32, temperature, logsumexp, gather, entropy; it keeps the
+    hidden states and each position's logsumexp. Backward: per chunk, the logits again, their
+    gradient ``g * (onehot - p) / T`` (times the softcap's derivative) in place, the hidden
+    states' gradient in the compute dtype (one product per position, as the plain path's) and
+    the weight's accumulated in float32 over the chunks in place (``addmm_``: a sum of
+    bf16-rounded chunk products would round the weight gradient once per chunk).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, ids, temperature, softcap, rows, dtype, with_entropy):
+        ctx.set_materialize_grads(False)
+        n = hidden.shape[0]
+        w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
+        logz = hidden.new_empty(n, dtype=torch.float32)
+        logp = torch.empty_like(logz)
+        entropy = torch.empty_like(logz) if with_entropy else None
+        for s in range(0, n, rows):
+            z = _tempered(hidden[s: s + rows], w, b, softcap, temperature, dtype)[0]
+            lz = torch.logsumexp(z, dim=-1)
+            logz[s: s + rows], logp[s: s + rows] = lz, z.gather(1, ids[s: s + rows].unsqueeze(1)).squeeze(1) - lz
+            if entropy is not None:
+                entropy[s: s + rows] = lz - torch.exp(z - lz.unsqueeze(1)).mul_(z).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, ids, logz)
+        ctx.settings = (temperature, softcap, rows, dtype)
+        if entropy is not None:
+            ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden, weight, bias, ids, logz = ctx.saved_tensors
+        temperature, softcap, rows, dtype = ctx.settings
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        if grad_logp is None:
+            return (None,) * 9
+        w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w, grad_b = None, None  # float32, from the first chunk's product on
+        for s in range(0, hidden.shape[0], rows):
+            g = grad_logp[s: s + rows].float().unsqueeze(1)
+            z, capped = _tempered(hidden[s: s + rows], w, b, softcap, temperature, dtype)
+            dz = z.sub_(logz[s: s + rows].unsqueeze(1)).exp_().mul_(-g)  # -g p
+            dz.scatter_add_(1, ids[s: s + rows].unsqueeze(1), g).div_(temperature)  # + g onehot; d/d(logits / T)
+            if capped is not None:
+                dz.mul_(1.0 - capped * capped)  # d softcap(x) / dx = 1 - tanh(x / cap)^2
+            if grad_h is not None:
+                grad_h[s: s + rows] = torch.mm(dz.to(dtype), w).to(hidden.dtype)
+            if need_w:
+                h = hidden[s: s + rows].float()
+                grad_w = torch.mm(dz.t(), h) if grad_w is None else grad_w.addmm_(dz.t(), h)
+            if need_b:
+                grad_b = dz.sum(0) if grad_b is None else grad_b.add_(dz.sum(0))
+        return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
+                None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None, None, None)
+
+
+def _tempered(hidden: Tensor, w: Tensor, b: Tensor | None, softcap: float | None, temperature: float,
+              dtype) -> tuple[Tensor, Tensor | None]:
+    """``(float32 softcap(hidden @ w.T + b) / T, tanh(logits / cap) or None)`` of one chunk, the product in ``dtype``."""
+    with torch.autocast(hidden.device.type, enabled=False):
+        logits = torch.mm(hidden.to(dtype), w.t())
+        if b is not None:
+            logits = logits + b
+        capped = None
+        if softcap is not None:
+            capped = torch.tanh(logits.float() / softcap)
+            logits = capped * softcap
+        return logits.float() / temperature, capped
+
+
 def chunked_token_logprobs(hidden: Tensor, head, ids: Tensor, mask: Tensor, temperature: float, *,
                            vocab: int, softcap: float | None = None, with_entropy: bool = False,
                            chunk_elements: int = LOGPROB_CHUNK_ELEMENTS) -> tuple[Tensor, Tensor | None]:
@@ -112,14 +186,21 @@ def chunked_token_logprobs(hidden: Tensor, head, ids: Tensor, mask: Tensor, temp
     rows = max(1, chunk_elements // vocab)
     where = mask.reshape(-1).nonzero().squeeze(1)
     flat_h, flat_ids = hidden.reshape(-1, hidden.shape[-1]), ids.reshape(-1)
-    recompute = torch.is_grad_enabled() and hidden.requires_grad
     logps, entropies = [], []
-    for start in range(0, where.numel(), rows):
-        at = where[start: start + rows]
-        args = (head, flat_h[at], flat_ids[at], temperature, softcap, with_entropy)
-        logp, entropy = checkpoint(_chunk, *args, use_reentrant=False) if recompute else _chunk(*args)
-        logps.append(logp)
-        entropies.append(entropy)
+    if type(head) is torch.nn.Linear and where.numel():  # the weights' gradient accumulated in place
+        device = hidden.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else head.weight.dtype
+        logp, entropy = _LinearHeadChunks.apply(flat_h[where], head.weight, head.bias, flat_ids[where],
+                                                temperature, softcap, rows, dtype, with_entropy)
+        logps, entropies = [logp], [entropy]
+    else:  # any other head module (a LoRA or modules_to_save wrapper): each chunk under checkpointing
+        recompute = torch.is_grad_enabled() and hidden.requires_grad
+        for start in range(0, where.numel(), rows):
+            at = where[start: start + rows]
+            args = (head, flat_h[at], flat_ids[at], temperature, softcap, with_entropy)
+            logp, entropy = checkpoint(_chunk, *args, use_reentrant=False) if recompute else _chunk(*args)
+            logps.append(logp)
+            entropies.append(entropy)
     flat = hidden.new_zeros(flat_ids.shape, dtype=torch.float32)
     if logps:
         flat = flat.index_put((where,), torch.cat(logps))
@@ -140,9 +221,10 @@ def _head_and_vocab(model) -> tuple[torch.nn.Module | None, int | None, float | 
     if head is None:
         return None, None, None
     weight = getattr(head, "weight", None)
-    vocab = getattr(head, "out_features", None) or (weight.shape[0] if weight is not None else None)
     config = getattr(inner, "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    vocab = getattr(head, "out_features", None) or (weight.shape[0] if isinstance(weight, Tensor) else None) \
+        or getattr(text, "vocab_size", None)
     return head, vocab, getattr(text, "final_logit_softcapping", None)
 
 

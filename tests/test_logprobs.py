@@ -93,12 +93,28 @@ def _model(family: str, **extra):
         return Gemma2ForCausalLM(Gemma2Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                               num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                                               final_logit_softcapping=3.0, initializer_range=0.5, **extra))
-    return LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
-                                        initializer_range=0.5))
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
+                                         initializer_range=0.5))
+    if family == "llama-bias":  # an untied head with a bias
+        model.lm_head = torch.nn.Linear(32, V, bias=True)
+        torch.nn.init.normal_(model.lm_head.weight, std=0.5)
+        torch.nn.init.normal_(model.lm_head.bias, std=0.5)
+    if family == "llama-wrapped":  # a head module that is not a plain Linear (as LoRA's wrappers): checkpointed chunks
+        model.lm_head = _Wrapped(model.lm_head)
+    return model
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2"])
+class _Wrapped(torch.nn.Module):
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2", "llama-bias", "llama-wrapped"])
 @pytest.mark.parametrize("share", [True, False])
 def test_chunked_log_probs_entropy_and_gradients_match_the_plain_computation_for_every_chunk_size(family, share):
     model = _model(family)
@@ -120,8 +136,9 @@ def test_chunked_log_probs_entropy_and_gradients_match_the_plain_computation_for
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))
 
 
-def test_the_chunked_forward_keeps_no_logits_of_the_whole_batch_for_the_backward():
-    model = _model("llama")
+@pytest.mark.parametrize("family", ["llama", "llama-wrapped"])
+def test_the_chunked_forward_keeps_no_logits_of_the_whole_batch_for_the_backward(family):
+    model = _model(family)
     rows = _rows(V, 3, 4, 6, 7)
     saved: list[int] = []
     weights = {p.data_ptr() for p in model.parameters()}
@@ -143,8 +160,9 @@ def test_the_chunked_forward_keeps_no_logits_of_the_whole_batch_for_the_backward
     assert all(p.grad is not None for p in model.parameters())
 
 
-def test_under_bf16_autocast_the_chunks_run_the_head_in_the_autocast_dtype():
-    model = _model("llama")
+@pytest.mark.parametrize("family", ["llama", "llama-wrapped"])
+def test_under_bf16_autocast_the_chunks_run_the_head_in_the_autocast_dtype(family):
+    model = _model(family)
     rows = _rows(V, 3, 4, 6, 7)
     mask = rows[3]
     with torch.no_grad():
