@@ -93,13 +93,14 @@ def _chunk(head, hidden: Tensor, ids: Tensor, temperature: float, softcap: float
 class _LinearHeadChunks(torch.autograd.Function):
     """Log-probs (and entropy) of ``[n]`` positions under a linear head, ``rows`` positions at a time.
 
-    Forward: per chunk, logits in the compute dtype (the autocast dtype the model's head ran in,
-    else the weight's), softcap, float32, temperature, logsumexp, gather, entropy; it keeps the
-    hidden states and each position's logsumexp. Backward: per chunk, the logits again, their
-    gradient ``g * (onehot - p) / T`` (times the softcap's derivative) in place, the hidden
-    states' gradient in the compute dtype (one product per position, as the plain path's) and
-    the weight's accumulated in float32 over the chunks in place (``addmm_``: a sum of
-    bf16-rounded chunk products would round the weight gradient once per chunk).
+    Forward: per chunk of ``rows`` positions, logits in the compute dtype (the autocast dtype the
+    model's head ran in, else the weight's), softcap, float32, temperature, logsumexp, gather,
+    entropy; it keeps the hidden states and each position's logsumexp. Backward: per tile of
+    the vocabulary over every position (the same number of logits, ``rows * V``), the logits
+    again, their gradient ``g * (onehot - p) / T`` (times the softcap's derivative) in place
+    (``p`` from the kept logsumexp), the tile's rows of the weight gradient as one product over
+    every position (as the whole-logits path computes each entry, no sum of chunk products)
+    and the hidden states' gradient summed over the tiles in float32.
     """
 
     @staticmethod
@@ -129,25 +130,32 @@ class _LinearHeadChunks(torch.autograd.Function):
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         if grad_logp is None:
             return (None,) * 9
+        n, vocab = hidden.shape[0], weight.shape[0]
+        tile = max(1, rows * vocab // max(n, 1))  # vocabulary entries a tile of all n positions holds
+        h, g = hidden.to(dtype), grad_logp.float().unsqueeze(1)
         w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
-        grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w, grad_b = None, None  # float32, from the first chunk's product on
-        for s in range(0, hidden.shape[0], rows):
-            g = grad_logp[s: s + rows].float().unsqueeze(1)
-            z, capped = _tempered(hidden[s: s + rows], w, b, softcap, temperature, dtype)
-            dz = z.sub_(logz[s: s + rows].unsqueeze(1)).exp_().mul_(-g)  # -g p
-            dz.scatter_add_(1, ids[s: s + rows].unsqueeze(1), g).div_(temperature)  # + g onehot; d/d(logits / T)
+        grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if need_h else None
+        grad_w = torch.empty_like(weight) if need_w else None
+        grad_b = torch.empty_like(bias) if need_b else None
+        for v in range(0, vocab, tile):
+            part = slice(v, v + tile)
+            z, capped = _tempered(h, w[part], None if b is None else b[part], softcap, temperature, dtype)
+            dz = z.sub_(logz.unsqueeze(1)).exp_().mul_(-g)  # -g p
+            hit = ((ids >= v) & (ids < v + z.shape[1])).nonzero().squeeze(1)
+            dz.index_put_((hit, ids[hit] - v), g[hit, 0], accumulate=True)  # + g onehot
+            dz.div_(temperature)  # d / d(logits / T)
             if capped is not None:
                 dz.mul_(1.0 - capped * capped)  # d softcap(x) / dx = 1 - tanh(x / cap)^2
-            if grad_h is not None:
-                grad_h[s: s + rows] = torch.mm(dz.to(dtype), w).to(hidden.dtype)
-            if need_w:
-                h = hidden[s: s + rows].float()
-                grad_w = torch.mm(dz.t(), h) if grad_w is None else grad_w.addmm_(dz.t(), h)
-            if need_b:
-                grad_b = dz.sum(0) if grad_b is None else grad_b.add_(dz.sum(0))
-        return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
-                None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None, None, None)
+            with torch.autocast(hidden.device.type, enabled=False):
+                low = dz.to(dtype)
+                if grad_h is not None:  # summed over tiles in float32
+                    grad_h.add_(torch.mm(low, w[part]))
+                if grad_w is not None:  # one product over every position per entry, as the whole-logits path
+                    grad_w[part] = torch.mm(low.t(), h)
+            if grad_b is not None:
+                grad_b[part] = dz.sum(0)
+        return (None if grad_h is None else grad_h.to(hidden.dtype), grad_w, grad_b,
+                None, None, None, None, None, None)
 
 
 def _tempered(hidden: Tensor, w: Tensor, b: Tensor | None, softcap: float | None, temperature: float,
