@@ -21,7 +21,7 @@ from torch import Tensor
 
 from mrl_lightning.chat import completion_end_id, encode_rendered, render_chat_prompt
 from mrl_lightning.errors import ConfigError
-from mrl_lightning.logprobs import completion_logprobs
+from mrl_lightning.logprobs import LOGPROB_CHUNK_ELEMENTS, completion_logprobs
 from mrl_lightning.model_source import ModelRecipe
 from mrl_lightning.policy_checks import note_prompt_lengths, option_errors, position_errors, source_errors
 
@@ -76,6 +76,12 @@ class PolicyModule(pl.LightningModule):
             across the completions that repeat it (:mod:`mrl_lightning.forward`): the same
             log-probs up to float rounding at about half the update's cost. False = one
             plain pass over prompt + completion per row.
+        logprob_chunk_elements: Above this many logits (rows x L x V) a log-prob call applies the
+            output head in chunks of ``logprob_chunk_elements // V`` positions and never holds
+            ``[N, L, V]`` (:mod:`mrl_lightning.logprobs`; default ``LOGPROB_CHUNK_ELEMENTS``, 2^24
+            = 64 MiB of float32 logits; at or below it, the plain computation). null = always whole
+            logits: about 25% less head time in the update, several ``[N, L, V]`` float32 copies
+            more memory (docs/speed.md).
         chat_template: Render each prompt through the tokenizer's own chat template (one
             user turn whose content is ``prompt_template`` filled in, the generation prompt
             added; :mod:`mrl_lightning.chat`) and encode it with exactly one BOS. For
@@ -162,6 +168,7 @@ class PolicyModule(pl.LightningModule):
         strong_parts: list[str] | None = None,
         disable_dropout: bool = True,
         share_prompt_forward: bool = True,
+        logprob_chunk_elements: int | None = LOGPROB_CHUNK_ELEMENTS,
         chat_template: bool = False,
         system_prompt: str | None = None,
         rollout_engine: str = "hf",
@@ -205,7 +212,7 @@ class PolicyModule(pl.LightningModule):
         self.warmup_steps = warmup_steps
         self.strong_parts = strong_parts
         self.disable_dropout = disable_dropout
-        self.share_prompt_forward = share_prompt_forward
+        self.share_prompt_forward, self.logprob_chunk_elements = share_prompt_forward, logprob_chunk_elements
         self.chat_template, self.system_prompt = chat_template, system_prompt
         self.rollout_engine, self.vllm_mode, self.vllm_dtype = rollout_engine, vllm_mode, vllm_dtype
         self.sampling_draw = sampling_draw
@@ -379,9 +386,9 @@ class PolicyModule(pl.LightningModule):
             model: Module to score with (the reference model for KL).
             with_entropy: Also return the per-token entropy (costs a softmax over V).
 
-        Above :data:`~mrl_lightning.logprobs.LOGPROB_CHUNK_ELEMENTS` logits a call applies the
-        output head in chunks of positions and never holds ``[N, L, V]`` logits (not for an
-        ``fsdp`` policy); below it the computation is the plain one (:mod:`mrl_lightning.logprobs`).
+        Above ``logprob_chunk_elements`` logits a call applies the output head in chunks of
+        positions and never holds ``[N, L, V]`` logits (not for an ``fsdp`` policy); at or below
+        it the computation is the plain one (:mod:`mrl_lightning.logprobs`).
 
         Returns:
             ``([N, L] float32 nats, [N, L] float32 nats or None)``; on the chunked path 0 at
@@ -392,4 +399,5 @@ class PolicyModule(pl.LightningModule):
                                    temperature=self.temperature, with_entropy=with_entropy,
                                    share_prompts=self.share_prompt_forward and not (self.gradient_checkpointing
                                                                                    or self.fsdp),
-                                   allow_chunks=not self.fsdp)
+                                   allow_chunks=not self.fsdp and self.logprob_chunk_elements is not None,
+                                   chunk_elements=self.logprob_chunk_elements or LOGPROB_CHUNK_ELEMENTS)

@@ -193,3 +193,22 @@ def test_a_model_whose_logits_are_not_its_head_output_falls_back_to_the_plain_co
         chunked, _ = completion_logprobs(model, *rows, temperature=0.7, chunk_elements=5 * V)
     assert torch.equal(chunked, plain)
     assert any("_ScaledLogits" in str(w.message) for w in recwarn)
+
+
+def test_the_policy_option_sets_the_threshold_and_null_keeps_whole_logits(monkeypatch):
+    from mrl_lightning.errors import ConfigError
+
+    policy = PolicyModule(name="p", model=str(DEFAULT_MODELS / "gpt2"), logprob_chunk_elements=10)
+    assert PolicyModule(name="p", model=str(DEFAULT_MODELS / "gpt2")).logprob_chunk_elements == LOGPROB_CHUNK_ELEMENTS
+    policy.model = AutoModelForCausalLM.from_pretrained(str(DEFAULT_MODELS / "gpt2"))
+    rows = _rows(policy.model.get_output_embeddings().weight.shape[0], 2, 2, 5, 3)
+    seen = []
+    real = logprobs_module.chunked_token_logprobs
+    monkeypatch.setattr(logprobs_module, "chunked_token_logprobs", lambda *a, **k: seen.append(k) or real(*a, **k))
+    with torch.no_grad():
+        policy.completion_logprobs(*rows)
+        policy.logprob_chunk_elements = None
+        policy.completion_logprobs(*rows)
+    assert [k["chunk_elements"] for k in seen] == [10]  # chunks of one position at 10 logits; null: none
+    with pytest.raises(ConfigError, match="logprob_chunk_elements=0 must be >= 1"):
+        PolicyModule(name="p", model=str(DEFAULT_MODELS / "gpt2"), logprob_chunk_elements=0)
