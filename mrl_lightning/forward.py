@@ -67,11 +67,7 @@ def completion_logits(
     """
     n, p = prompt_ids.shape
     length = completion_ids.shape[1]
-    attn = torch.cat([prompt_mask, completion_mask], dim=1).long()
-    position_ids = (attn.cumsum(dim=1) - 1).clamp(min=0)
-    unique, inverse = None, None
-    if share_prompts and n > 1:
-        unique, inverse = torch.unique(torch.cat([prompt_ids, attn[:, :p]], dim=1), dim=0, return_inverse=True)
+    attn, position_ids, unique, inverse = _rows(prompt_ids, prompt_mask, completion_mask, share_prompts)
     if unique is None or unique.shape[0] == n:
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         return model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids,
@@ -88,6 +84,65 @@ def completion_logits(
                  position_ids=position_ids[:, p: p + length - 1], use_cache=False,
                  **{_cache_kwarg(model): cache})
     return torch.cat([first, tail.logits], dim=1)
+
+
+def _rows(prompt_ids: Tensor, prompt_mask: Tensor, completion_mask: Tensor, share_prompts: bool):
+    """``(attention mask [N, T], position ids [N, T], distinct prompt rows or None, inverse or None)``."""
+    n, p = prompt_ids.shape
+    attn = torch.cat([prompt_mask, completion_mask], dim=1).long()
+    position_ids = (attn.cumsum(dim=1) - 1).clamp(min=0)
+    unique, inverse = None, None
+    if share_prompts and n > 1:
+        unique, inverse = torch.unique(torch.cat([prompt_ids, attn[:, :p]], dim=1), dim=0, return_inverse=True)
+    return attn, position_ids, unique, inverse
+
+
+def completion_hidden(
+    model: torch.nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    share_prompts: bool = True,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Final hidden states that predict each completion token, for a head applied in chunks.
+
+    The passes of :func:`completion_logits` with ``output_hidden_states`` and the model's own
+    head on one position per row only (``logits_to_keep=1``): the last sequence position, whose
+    hidden state and logits come back as a probe that the caller's head must reproduce
+    (:mod:`mrl_lightning.logprobs`).
+
+    Args:
+        model, prompt_ids, prompt_mask, completion_ids, completion_mask, share_prompts: As
+            :func:`completion_logits`.
+
+    Returns:
+        ``([N, L, H] hidden states, row t before completion token t; [N, H] hidden state and
+        [N, V] logits of the model at its last position)``, in the model's dtypes.
+    """
+    n, p = prompt_ids.shape
+    length = completion_ids.shape[1]
+    attn, position_ids, unique, inverse = _rows(prompt_ids, prompt_mask, completion_mask, share_prompts)
+    if unique is None or unique.shape[0] == n:
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        out = model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, logits_to_keep=1,
+                    output_hidden_states=True)
+        last = out.hidden_states[-1]
+        return last[:, -(length + 1):-1], last[:, -1], out.logits[:, -1]
+    u_ids, u_mask = unique[:, :p], unique[:, p:]
+    u_pos = (u_mask.cumsum(dim=1) - 1).clamp(min=0)
+    head = model(input_ids=u_ids, attention_mask=u_mask, position_ids=u_pos, use_cache=True, logits_to_keep=1,
+                 output_hidden_states=True)
+    first = head.hidden_states[-1][:, -1:][inverse]  # [N, 1, H]: predicts the first completion token
+    if length == 1:
+        return first, head.hidden_states[-1][:, -1], head.logits[:, -1]
+    cache = _output_cache(head)
+    cache.batch_select_indices(inverse)
+    tail = model(input_ids=completion_ids[:, :-1], attention_mask=attn[:, : p + length - 1],
+                 position_ids=position_ids[:, p: p + length - 1], use_cache=False, logits_to_keep=1,
+                 output_hidden_states=True, **{_cache_kwarg(model): cache})
+    last = tail.hidden_states[-1]
+    return torch.cat([first, last], dim=1), last[:, -1], tail.logits[:, -1]
 
 
 @torch.no_grad()

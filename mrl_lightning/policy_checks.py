@@ -306,6 +306,9 @@ def grpo_option_errors(p: str, policy) -> list[str]:
             errors.append(f"{p}: {key}={getattr(policy, key)} must be >= 1.")
     if policy.micro_batch_size is not None and policy.micro_batch_size < 1:
         errors.append(f"{p}: micro_batch_size={policy.micro_batch_size} must be >= 1 or null.")
+    if policy.logprob_chunk_elements is not None and policy.logprob_chunk_elements < 1:
+        errors.append(f"{p}: logprob_chunk_elements={policy.logprob_chunk_elements} must be >= 1 (logits per "
+                      "chunk; 16777216 = 64 MiB of float32) or null (always whole logits).")
     if policy.warmup_steps < 0:
         errors.append(f"{p}: warmup_steps={policy.warmup_steps} must be >= 0 (0 = no warm-up).")
     if policy.beta < 0:

@@ -26,6 +26,11 @@ from mrl_lightning.rollout.hf_generate import HFGenerateEngine
 from mrl_lightning.builders.engines import build_vllm_engine
 
 
+def _draw(policy: PolicyModule) -> dict:
+    """The hf engine's ``sampling_draw`` (a policy of another engine samples with that engine's own sampler)."""
+    return {"sampling_draw": policy.sampling_draw} if policy.rollout_engine == "hf" else {}
+
+
 class MutualRL(pl.LightningModule):
     """Several policies trained together.
 
@@ -134,7 +139,7 @@ class MutualRL(pl.LightningModule):
                 num_generations=policy.num_generations, max_completion_length=policy.max_completion_length,
                 temperature=policy.temperature, top_p=policy.top_p, top_k=policy.top_k,
                 weights_version=policy.optimizer_steps_taken, prompt_seeds=prompt_seeds,
-                stop_token_ids=policy.stop_token_ids, **policy.stop_kwargs,
+                stop_token_ids=policy.stop_token_ids, **policy.stop_kwargs, **_draw(policy),
             )
         check_finite_logprobs(policy.policy_name, out.old_logprobs, out.completion_mask)
         repeated = [x for x in items for _ in range(policy.num_generations)]
@@ -182,7 +187,7 @@ class MutualRL(pl.LightningModule):
                 num_generations=num_samples, max_completion_length=policy.max_completion_length,
                 temperature=policy.temperature, top_p=policy.top_p, top_k=policy.top_k,
                 weights_version=policy.optimizer_steps_taken, prompt_seeds=prompt_seeds,
-                stop_token_ids=policy.stop_token_ids, **policy.stop_kwargs,
+                stop_token_ids=policy.stop_token_ids, **policy.stop_kwargs, **_draw(policy),
             )
         repeated = [x for x in items for _ in range(num_samples)]
         _, _, success = self.score(out.completion_texts, repeated)

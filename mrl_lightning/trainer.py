@@ -322,13 +322,14 @@ class MRLTrainer:
                 policy = model.policies[name]
                 positions = w.shard_indices(name, len(items))  # keyed by its place in the batch, not the rank
                 seeds = [stream_seed(self._run_seed(), name, "rollout", self.rollout_step, b) for b in positions]
-                scored[name] = model.rollout(policy, [items[b] for b in positions], prompt_seeds=seeds,
-                                             seed=stream_seed(self._run_seed(), name, "rollout", self.rollout_step))
-                if policy.filter_groups:  # DAPO's dynamic sampling: its own extra generation batches
-                    scored[name], keep[name], more, extra[name] = sample_until_full(
-                        model, policy, datamodule, w, items, scored[name], run_seed=self._run_seed(),
-                        rollout_step=self.rollout_step)
-                    metrics.update(more)
+                with self._sampling_precision([policy]):
+                    scored[name] = model.rollout(policy, [items[b] for b in positions], prompt_seeds=seeds,
+                                                 seed=stream_seed(self._run_seed(), name, "rollout", self.rollout_step))
+                    if policy.filter_groups:  # DAPO's dynamic sampling: its own extra generation batches
+                        scored[name], keep[name], more, extra[name] = sample_until_full(
+                            model, policy, datamodule, w, items, scored[name], run_seed=self._run_seed(),
+                            rollout_step=self.rollout_step)
+                        metrics.update(more)
                 if self.precision not in FULL_PRECISION:  # the update re-scores in its own precision
                     mark_for_rescoring(scored[name].rollouts)
                 metrics.update(rollout_metrics(scored[name], policy))
@@ -384,8 +385,9 @@ class MRLTrainer:
             def seed(name: str, part: str, *position: int) -> int:  # position: the prompt's place in the part
                 return stream_seed(self._run_seed(), name, "eval", self.global_step, part, *position)
 
-            metrics, samples = evaluate_on_workers(model, datamodule.eval_items(), w, self.num_sample_completions,
-                                                   self.eval_num_generations, seed)
+            with self._sampling_precision([model.policies[name] for name in w.local_policies]):
+                metrics, samples = evaluate_on_workers(model, datamodule.eval_items(), w,
+                                                       self.num_sample_completions, self.eval_num_generations, seed)
         self.last_eval = metrics
         self.fabric.call("on_eval_end", self.ctx, model, metrics)
         self.fabric.log_dict(metrics, step=self.global_step)
@@ -393,6 +395,17 @@ class MRLTrainer:
             for name, text in samples:
                 self.logger.experiment.add_text(f"samples/{name}", text, global_step=self.global_step)
         self.print(f"[eval] step {self.global_step}: {eval_summary(metrics)}")
+
+    def _sampling_precision(self, policies):
+        """Fabric's autocast when the run is mixed precision and every one of ``policies`` samples with the
+        ``hf`` engine: ``generate`` then decodes in the update's precision, each weight cast once per call
+        (docs/speed.md); otherwise no context (float32 sampling, and vLLM in its own dtype)."""
+        from lightning.fabric.plugins.precision.amp import MixedPrecision
+
+        if isinstance(self.fabric.strategy.precision, MixedPrecision) and all(
+                p.rollout_engine == "hf" for p in policies):
+            return self.fabric.autocast()
+        return contextlib.nullcontext()
 
     # ---------------------------------------------------------------- checkpoints
     def save_checkpoint(self, model, datamodule) -> Path:

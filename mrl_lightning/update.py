@@ -3,16 +3,16 @@
 :func:`policy_update` reads, in the order it runs:
 
 0. once per batch: the reference model's log-probs (``beta > 0``; for a LoRA policy its own
-   base with the adapter disabled), and, for rollouts another
-   engine sampled (``sampling_logprobs`` set: vLLM, or mixed precision), the update's own
-   no-grad scores as old log-probs with the sampler mismatch corrected
-   (:func:`~mrl_lightning.rollout.sampler_correction.correct_sampler_mismatch`, docs/rollout.md);
+   base with the adapter disabled);
 1. the GRPO loss (the policy's ``loss_type`` and importance level, with the masks on the
    policy term: :func:`~mrl_lightning.grpo_terms.top_entropy_mask`, docs/grpo.md) forward and
    backward per micro-batch of ``micro_batch_size`` sequences, each divided by the whole
    group's normalizers (``batch.group_counts``: sequences and tokens over the policy's
    ranks), so any split and any number of ranks give one gradient; a rank with no rows
-   (dynamic sampling kept none of its groups) holds a zero gradient;
+   (dynamic sampling kept none of its groups) holds a zero gradient; for rollouts another
+   engine sampled (``sampling_logprobs`` set: vLLM, or mixed precision) the first iteration's
+   forward also gives the old log-probs, with the sampler mismatch corrected
+   (:class:`~mrl_lightning.rollout.sampler_correction.SamplerCorrection`, docs/rollout.md);
 2. the group's gradient reduction (``reduce_gradients``: a sum over the policy's ranks);
 3. the probes' auxiliary terms, each backpropagated and reduced on its own, and each term's
    share of the update bounded by its ``max_grad_share``, measured on the group-reduced
@@ -44,7 +44,7 @@ from mrl_lightning.objectives.aux_share import backward_aux_losses
 from mrl_lightning.objectives.grpo import group_advantages, grpo_loss, masked_mean
 from mrl_lightning.objectives.loss_types import GRPO, LOSS_TYPES
 from mrl_lightning.policy import PolicyModule
-from mrl_lightning.rollout.sampler_correction import correct_sampler_mismatch
+from mrl_lightning.rollout.sampler_correction import SamplerCorrection
 
 Reduce = Callable[[list[torch.nn.Parameter]], None]
 
@@ -115,11 +115,11 @@ def new_train_batch(policy: PolicyModule, scored, group_sum: Callable[[dict], di
 def mark_for_rescoring(rollouts) -> None:
     """Let the update re-score ``rollouts`` in its own precision (mixed precision runs).
 
-    Sampling runs the bare float32 model while the update runs under Fabric's autocast
-    (bf16 / fp16), so the two disagree by rounding and the first ratio is not 1. Marking
-    the sampler's log-probs as ``sampling_logprobs`` makes the update score the rollouts
-    once without gradient in its own precision, use those as the old log-probs, and
-    correct the sampler/trainer mismatch as for any other engine (docs/rollout.md,
+    Sampling (a KV-cache decode, under the same autocast for the ``hf`` engine) and the
+    update's forward (one pass under Fabric's autocast, bf16 / fp16) round differently, so
+    the first ratio would not be 1. Marking the sampler's log-probs as ``sampling_logprobs``
+    makes the update take the old log-probs from its own first forward, in its own precision,
+    and correct the sampler/trainer mismatch as for any other engine (docs/rollout.md,
     ``rollout/<p>/is_ratio_*``, ``abs_delta_logp``). Rollouts another engine sampled are
     marked already.
     """
@@ -170,8 +170,9 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
     slices = [slice(i, i + micro) for i in range(0, n_local, micro)]
 
     def logprobs(sl, module, entropy=False):
-        return policy.completion_logprobs(r.prompt_ids[sl], r.prompt_mask[sl], r.completion_ids[sl],
-                                          r.completion_mask[sl], model=module, with_entropy=entropy)
+        with _autocast(fabric):  # one autocast region: its passes share one cast of each weight (docs/speed.md)
+            return policy.completion_logprobs(r.prompt_ids[sl], r.prompt_mask[sl], r.completion_ids[sl],
+                                              r.completion_mask[sl], model=module, with_entropy=entropy)
 
     ref = None
     if policy.beta > 0 and slices:  # the reference scores in the update's precision (autocast), like the policy
@@ -180,12 +181,8 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
         with torch.no_grad(), _autocast(fabric), off:
             ref = torch.cat([logprobs(sl, module)[0] for sl in slices])
     metrics: dict[str, float] = {}
-    sampler_weights = None
-    if r.sampling_logprobs is not None and slices:  # another engine sampled (vLLM): docs/rollout.md
-        with torch.no_grad():  # the update's own forward (same precision context) gives the old log-probs
-            trainer_logp = torch.cat([logprobs(sl, model)[0] for sl in slices])
-        sampler_weights, sampler_metrics = correct_sampler_mismatch(policy, r, trainer_logp)
-        metrics.update(sampler_metrics)
+    sampler_weights = None  # another engine sampled (vLLM, or mixed precision): docs/rollout.md
+    correction = SamplerCorrection(policy, r) if r.sampling_logprobs is not None and slices else None
     reduce = reduce_gradients or (lambda params: None)
     totals = batch.group_counts if batch.group_counts is not None else batch.counts
     aux_key, skip_key = f"train/{p}/aux_loss_time_s", f"train/{p}/nonfinite_updates_skipped"
@@ -194,7 +191,11 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
         optimizer.zero_grad(set_to_none=True)
         entropy_mask = top_entropy_mask(policy, r, loss_mask(policy, r), model, gather)
         _fold(metrics, _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_weights,
-                                      entropy=iteration == 0, entropy_mask=entropy_mask))
+                                      entropy=iteration == 0, entropy_mask=entropy_mask,
+                                      correction=correction if iteration == 0 else None))
+        if iteration == 0 and correction is not None:  # the first forward's log-probs are the old ones from here on
+            sampler_weights, sampler_metrics = correction.finish()
+            metrics.update(sampler_metrics)
         if not slices:  # no group on this rank (dynamic sampling): a zero gradient, as a rank with rows sums
             zero_gradients(trainable(policy))
         params = trainable(policy)
@@ -251,12 +252,15 @@ def _with_empty_shares(policy: PolicyModule, batch: TrainBatch, terms: list) -> 
 
 
 def _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_weights, entropy: bool,
-                   entropy_mask: Tensor | None = None) -> dict:
+                   entropy_mask: Tensor | None = None, correction: SamplerCorrection | None = None) -> dict:
     """Step 1: the GRPO loss forward and backward per micro-batch; returns its metrics.
 
     Loss parts are divided by the group's totals, so they sum to the group's loss
     (:class:`~mrl_lightning.metrics.Sum`); the clip ratios, KL and entropy are means over
     this rank's counted tokens (:class:`~mrl_lightning.metrics.Mean` weighted by them).
+
+    ``correction`` (first iteration of rollouts another engine sampled): each micro-batch's old
+    log-probs and importance weights come from its own forward (:class:`SamplerCorrection`).
     """
     r, p = batch.scored.rollouts, policy.policy_name
     advantages = batch.advantages.reshape(r.completion_ids.shape[0]).to(r.old_logprobs.device)
@@ -269,10 +273,13 @@ def _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_
     stats: dict[str, list[float]] = {}
     for sl in slices:
         logp, ent = logprobs(sl, model, entropy=entropy)
+        old, weights = r.old_logprobs[sl], None if sampler_weights is None else sampler_weights[sl]
+        if correction is not None:
+            old, weights = correction.take(sl, logp)
         out = grpo_loss(
-            logp, r.old_logprobs[sl], advantages[sl], mask[sl], **policy.loss_options(),
+            logp, old, advantages[sl], mask[sl], **policy.loss_options(),
             ref_logp=None if ref is None else ref[sl], num_sequences=n_seq, num_tokens=n_tokens,
-            sampler_weights=None if sampler_weights is None else sampler_weights[sl],
+            sampler_weights=weights,
             entropy_mask=None if entropy_mask is None else entropy_mask[sl],
             sampling_logp=None if r.sampling_logprobs is None else r.sampling_logprobs[sl].to(logp.device),
         )

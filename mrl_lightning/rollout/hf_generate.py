@@ -2,9 +2,9 @@
 
 Returns completion ids, per-token log-probs under the sampling distribution, a
 completion mask and the finish reason. Log-probs are computed from the raw logits
-``generate`` already produced, divided by ``temperature`` (the same scaling the
-training forward pass uses), so the importance ratio is 1 before the first update up
-to float rounding. ``top_k`` / ``top_p`` truncation is not folded into these
+``generate`` produces, divided by ``temperature`` (the same scaling the training forward
+pass uses), one step at a time while it runs (:mod:`mrl_lightning.rollout.draws`), so the
+importance ratio is 1 before the first update up to float rounding. ``top_k`` / ``top_p`` truncation is not folded into these
 log-probs, as in TRL; with the defaults (``top_k=0``, ``top_p=1``) they are exact.
 
 One sampling distribution. What is sampled depends only on the policy's settings
@@ -19,14 +19,14 @@ change the sampled tokens while the old log-probs (and the training forward) use
 plain tempered logits. When a model's own config would have changed sampling, a warning
 names the model and the ignored keys, once per model and keys.
 
-Precision. The engine runs the model as it is given. Under ``bf16-mixed`` the update's
-forward runs inside Fabric's autocast while a rollout through the bare model runs in
-float32, so the importance ratio is not 1 before the first update. Measured here on a
-tiny GPT-2 with large logits (CPU bf16 autocast, T = 0.7, 24 sequences x 16 tokens): ratios
-0.78-1.11 for a float32 rollout against a bf16 update; 0.96-1.05 when ``generate`` itself
-runs under the same autocast (an incremental KV-cache decode and one full forward round
-differently in bf16); exactly 1 when the old log-probs are recomputed by a no-grad forward
-of the training model under the same autocast, which is what TRL does.
+Precision. The engine runs the model as it is given, in the caller's autocast state: under
+``bf16-mixed`` the loop calls it inside Fabric's autocast (the update's precision; each
+weight cast once per call, docs/speed.md). Measured here on a tiny GPT-2 with large logits
+(CPU bf16 autocast, T = 0.7, 24 sequences x 16 tokens): ratios 0.78-1.11 for a float32
+rollout against a bf16 update; 0.96-1.05 when ``generate`` itself runs under the same
+autocast (an incremental KV-cache decode and one full forward round differently in bf16);
+exactly 1 when the old log-probs are the training model's own under the same autocast,
+which is what the update takes (docs/rollout.md, "Correcting for the sampler").
 
 Stops: a completion ends at the first of the policy's stop ids (EOS, every id of the
 model's generation-config EOS list, its chat template's end of turn: ``stop_token_ids``),
@@ -50,6 +50,7 @@ from torch import Tensor
 
 from mrl_lightning.forward import shared_prefix_cache
 from mrl_lightning.rollout.base import RolloutBatch, left_pad
+from mrl_lightning.rollout.draws import SampledLogprobs, seeded_sampling
 from mrl_lightning.rollout.stops import scan_completion, stop_string_criteria
 from mrl_lightning.thl import decode_completion
 
@@ -122,8 +123,8 @@ def sampling_generation_config(
     """The ``transformers.GenerationConfig`` of a rollout: the policy's settings and nothing else.
 
     Every field that could change sampling is given its neutral value (repetition penalty
-    1, no n-gram ban, no minimum length, one beam), and logits are returned
-    (``output_logits``) for the old log-probs.
+    1, no n-gram ban, no minimum length, one beam). Logits are not kept (the old log-probs
+    are read one step at a time: :class:`~mrl_lightning.rollout.draws.SampledLogprobs`).
 
     Args:
         max_new_tokens: L, new tokens at most.
@@ -143,7 +144,7 @@ def sampling_generation_config(
     return GenerationConfig(
         max_new_tokens=max_new_tokens, do_sample=do_sample, num_beams=1, repetition_penalty=1.0,
         no_repeat_ngram_size=0, min_new_tokens=0, pad_token_id=pad_token_id, eos_token_id=eos_token_id,
-        output_logits=True, return_dict_in_generate=True, **sampling,
+        output_logits=False, return_dict_in_generate=True, **sampling,
     )
 
 
@@ -231,64 +232,6 @@ def _quiet_padding_warning() -> Iterator[None]:
         target.removeFilter(flt)
 
 
-def seeded_sampling(prompt_seeds: list[int] | None, num_prompts: int, num_generations: int, temperature: float,
-                    top_p: float, top_k: int):
-    """Logits processors that sample each prompt's completions from its own seed (docs/rollout.md).
-
-    The scores are tempered (``logits / temperature``), filtered (top-k, then top-p; off at
-    0 and 1) and then perturbed by ``-log E`` with ``E ~ Exp(1)`` i.i.d. per row and token, drawn
-    from a generator seeded by the row's prompt seed; the argmax of the perturbed scores is a
-    draw from ``softmax`` of the filtered scores (the exponential race, equivalent to the
-    Gumbel-max trick). Each prompt's generator draws a ``[G, V]`` block per decoding step,
-    whatever the batch holds, so a prompt's completions depend only on its seed, the
-    model's weights and the settings: a group of ranks that splits the prompts samples what
-    one rank sampling all of them does (up to float rounding of the forward pass).
-
-    Args:
-        prompt_seeds: One seed per prompt, or None to draw them from torch's current generator.
-        num_prompts: B.
-        num_generations: G rows per prompt (prompt-major).
-        temperature: > 0.
-        top_p: Nucleus threshold in (0, 1]; 1 = off.
-        top_k: Top-k, 0 = off.
-
-    Returns:
-        A ``transformers.LogitsProcessorList`` for ``generate`` with greedy search.
-
-    Raises:
-        ValueError: ``prompt_seeds`` does not hold one seed per prompt.
-    """
-    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
-    if prompt_seeds is None:
-        prompt_seeds = torch.randint(0, 2**62, (num_prompts,)).tolist()
-    if len(prompt_seeds) != num_prompts:
-        raise ValueError(f"prompt_seeds has {len(prompt_seeds)} seeds for {num_prompts} prompts; give one per prompt.")
-    processors = [TemperatureLogitsWarper(temperature)]
-    if top_k > 0:
-        processors.append(TopKLogitsWarper(top_k))
-    if top_p < 1.0:
-        processors.append(TopPLogitsWarper(top_p))
-    processors.append(_PerPromptRace(list(prompt_seeds), num_generations))
-    return LogitsProcessorList(processors)
-
-
-class _PerPromptRace:
-    """Adds ``-log E`` (``E ~ Exp(1)``) to the scores, one generator per prompt (:func:`seeded_sampling`)."""
-
-    def __init__(self, seeds: list[int], num_generations: int) -> None:
-        self.seeds, self.g = seeds, num_generations
-        self.generators: list[torch.Generator] | None = None
-
-    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        if self.generators is None:
-            self.generators = [torch.Generator(device=scores.device).manual_seed(int(s)) for s in self.seeds]
-        vocab = scores.shape[1]
-        race = torch.cat([torch.empty((self.g, vocab), device=scores.device, dtype=torch.float32)
-                          .exponential_(generator=gen) for gen in self.generators])
-        return scores - race.log()
-
-
 class HFGenerateEngine:
     """Sampling with ``model.generate`` (KV cache on); a :class:`~mrl_lightning.rollout.base.RolloutEngine`."""
 
@@ -314,6 +257,7 @@ class HFGenerateEngine:
         stop: list[str] | None = None,
         include_stop_str_in_output: bool = False,
         share_prompt_prefill: bool = True,
+        sampling_draw: str = "race",
     ) -> RolloutBatch:
         """Sample ``num_generations`` completions per prompt, with the policy's settings only.
 
@@ -343,6 +287,8 @@ class HFGenerateEngine:
             share_prompt_prefill: Run each prompt once and share its KV cache across its
                 G rows (:func:`mrl_lightning.forward.shared_prefix_cache`); False = one plain
                 ``generate`` over the B*G rows.
+            sampling_draw: ``race`` or ``inverse_cdf``: how each token is drawn from its prompt's
+                seed (:mod:`mrl_lightning.rollout.draws`; one distribution, other draws).
 
         Returns:
             :class:`RolloutBatch` with N = B * G rows.
@@ -350,6 +296,8 @@ class HFGenerateEngine:
         Raises:
             ValueError: empty prompt list, temperature <= 0, or not one seed per prompt.
         """
+        from transformers import LogitsProcessorList
+
         if not prompt_ids:
             raise ValueError("prompt_ids is empty; nothing to generate.")
         if temperature <= 0:
@@ -367,8 +315,9 @@ class HFGenerateEngine:
             max_new_tokens=max_completion_length, do_sample=False, temperature=temperature, top_p=top_p,
             top_k=top_k, pad_token_id=tokenizer.pad_token_id, eos_token_id=stops,
         )
-        processors = seeded_sampling(prompt_seeds, len(prompt_ids), num_generations, temperature, top_p, top_k) \
-            if do_sample else None
+        record = SampledLogprobs(None if do_sample else temperature)  # the sampled tokens' log-probs, step by step
+        processors = seeded_sampling(prompt_seeds, len(prompt_ids), num_generations, temperature, top_p, top_k,
+                                     sampling_draw, record) if do_sample else LogitsProcessorList([record])
         ignored = ignored_generation_settings(getattr(model, "generation_config", None), temperature=temperature,
                                               top_p=top_p, top_k=top_k, do_sample=do_sample)
         _warn_once(model, ignored, policy_name)
@@ -390,10 +339,8 @@ class HFGenerateEngine:
         finally:
             model.train(was_training)
         completion = out.sequences[:, ids.shape[1]:]
-        # one step at a time: generate keeps every step's [N, V] logits already; stacking and tempering
-        # them whole would hold 3 more copies of [N, L, V] (docs/mwra.md, "The resource plan")
-        logp = torch.stack([_sampled_logprobs(step, completion[:, t], temperature)
-                            for t, step in enumerate(out.logits)], dim=1)  # [N, L]
+        # read during generate, one step's [N, V] scores at a time, not from [N, L, V] kept logits (rollout/draws.py)
+        logp = record.logprobs(completion)  # [N, L]
         if stop:  # where each row's text completes a stop string, or its first stop id (rollout/stops.py)
             scans = [scan_completion(tokenizer, row, stops, stop, include_stop_str_in_output)
                      for row in completion.tolist()]
@@ -429,18 +376,3 @@ def _stop_ids_at_end(completion: Tensor, cmask: Tensor, has_eos: Tensor) -> list
     last = cmask.sum(dim=1) - 1
     ends = completion.gather(1, last.clamp(min=0).unsqueeze(1)).squeeze(1).tolist()
     return [int(e) if h else None for e, h in zip(ends, has_eos.tolist())]
-
-
-def _sampled_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Log-probs of the sampled tokens under the tempered, unfiltered distribution of one step.
-
-    Args:
-        logits: ``[N, V]``, the step's raw logits (any float dtype).
-        tokens: ``[N]``, int64, the tokens sampled at that step.
-        temperature: The sampling temperature (> 0).
-
-    Returns:
-        ``[N]``, float32, nats.
-    """
-    scaled = logits.float() / temperature
-    return scaled.gather(1, tokens.unsqueeze(1)).squeeze(1) - torch.logsumexp(scaled, dim=-1)

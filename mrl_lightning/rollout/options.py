@@ -32,9 +32,14 @@ def engine_config_errors(where: str, policy) -> list[str]:
     Returns:
         Error messages naming the field, the value and the fix (empty when valid).
     """
+    from mrl_lightning.rollout.draws import SAMPLING_DRAWS
+
     errors = []
     if policy.rollout_engine not in ROLLOUT_ENGINES:
         errors.append(f"{where}: rollout_engine={policy.rollout_engine!r}; valid: {list(ROLLOUT_ENGINES)}.")
+    if policy.sampling_draw not in SAMPLING_DRAWS:
+        errors.append(f"{where}: sampling_draw={policy.sampling_draw!r}; valid: {list(SAMPLING_DRAWS)} (how the hf "
+                      "engine draws each token from its prompt's seed; docs/rollout.md).")
     if policy.vllm_mode not in VLLM_MODES:
         errors.append(f"{where}: vllm_mode={policy.vllm_mode!r}; valid: {list(VLLM_MODES)}.")
     share = policy.vllm_gpu_memory_utilization

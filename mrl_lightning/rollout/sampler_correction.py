@@ -5,9 +5,9 @@ the probability it gave a sampled token is close to, but not exactly, the probab
 training forward gives it. The update then follows the loop TRL's GRPO trainer uses with
 vLLM (``vllm_importance_sampling_correction``, trl 1.16):
 
-1. the trainer scores every rollout once, without gradient, before the update; those
-   log-probs are the "old" log-probs of the clipped ratio (so the ratio is exactly 1 on
-   the first inner iteration);
+1. the trainer's log-probs of every rollout (TRL: a no-grad pass before the update; here
+   the first inner iteration's own forward, :class:`SamplerCorrection`) are the "old"
+   log-probs of the clipped ratio (so the ratio is exactly 1 on the first inner iteration);
 2. each token's surrogate loss is multiplied by an importance weight
 
        w = exp(logp_trainer - logp_sampler)                       token level
@@ -107,26 +107,48 @@ def sampler_mismatch_metrics(
     return out
 
 
-def correct_sampler_mismatch(policy, rollouts, trainer_logp: Tensor) -> tuple[Tensor | None, dict[str, float]]:
-    """Make the trainer's log-probs the rollouts' old log-probs; weights and metrics for the update.
+class SamplerCorrection:
+    """Old log-probs and importance weights from the update's own first forward, a micro-batch at a time.
 
-    Called by the update once per step, before its first inner iteration, when the rollouts
-    carry ``sampling_logprobs`` (another engine sampled them). ``rollouts.old_logprobs`` is
-    replaced by ``trainer_logp`` (0 where masked).
+    The trainer's log-probs of the rollouts are those of the first inner iteration's loss
+    forward: it runs at the weights the rollouts are scored under and in the update's
+    precision, so its log-probs, detached, are what a separate no-grad pass would give (TRL
+    computes the same from a pass of their own). :meth:`take` makes them a micro-batch's old
+    log-probs (0 where masked: the clipped ratio is exactly 1) and returns its weights;
+    :meth:`finish`, after the last micro-batch, writes them into ``rollouts.old_logprobs`` (the
+    later inner iterations' old log-probs) and returns every row's weights and the metrics
+    (module docstring). No pass of its own: one forward fewer per update than re-scoring first.
 
     Args:
         policy: The :class:`~mrl_lightning.policy.PolicyModule` (its ``vllm_importance_sampling_*`` settings).
         rollouts: Its rollouts, with ``sampling_logprobs`` ``[N, L]`` float32 nats.
-        trainer_logp: ``[N, L]`` float32 nats, the update's own no-grad log-probs of the rollouts.
-
-    Returns:
-        ``(weights or None when the correction is off, metrics)``.
     """
-    mask = rollouts.completion_mask
-    sampler_logp = rollouts.sampling_logprobs.to(trainer_logp.device)
-    rollouts.old_logprobs = torch.where(mask, trainer_logp.detach(), torch.zeros_like(trainer_logp))
-    weights = None
-    if policy.vllm_importance_sampling_correction:
-        weights = importance_weights(trainer_logp, sampler_logp, mask, policy.vllm_importance_sampling_mode,
+
+    def __init__(self, policy, rollouts) -> None:
+        self.policy, self.rollouts = policy, rollouts
+        self.trainer_logp = torch.zeros_like(rollouts.old_logprobs)
+        self.weights: Tensor | None = None
+
+    def take(self, rows: slice, logp: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Old log-probs and weights of the micro-batch ``rows`` from its forward's ``[n, L]`` log-probs."""
+        policy, mask = self.policy, self.rollouts.completion_mask[rows]
+        trainer = torch.where(mask, logp.detach(), torch.zeros_like(logp.detach()))
+        self.trainer_logp[rows] = trainer
+        if not policy.vllm_importance_sampling_correction:
+            return trainer, None
+        sampler = self.rollouts.sampling_logprobs[rows].to(trainer.device)
+        weights = importance_weights(trainer, sampler, mask, policy.vllm_importance_sampling_mode,
                                      policy.vllm_importance_sampling_clip_max, policy.vllm_importance_sampling_clip_min)
-    return weights, sampler_mismatch_metrics(policy.policy_name, trainer_logp, sampler_logp, mask, weights)
+        if self.weights is None:
+            self.weights = torch.ones((self.trainer_logp.shape[0], *weights.shape[1:]), dtype=weights.dtype,
+                                      device=weights.device)
+        self.weights[rows] = weights
+        return trainer, weights
+
+    def finish(self) -> tuple[Tensor | None, dict[str, float]]:
+        """``(every row's weights or None when the correction is off, metrics)``; the old log-probs set."""
+        r = self.rollouts
+        r.old_logprobs = self.trainer_logp
+        sampler = r.sampling_logprobs.to(self.trainer_logp.device)
+        return self.weights, sampler_mismatch_metrics(self.policy.policy_name, self.trainer_logp, sampler,
+                                                      r.completion_mask, self.weights)

@@ -92,3 +92,23 @@ def test_importance_ratio_is_one_for_a_model_with_dropout_in_its_config(tmp_path
         logp, _ = policy.completion_logprobs(out.prompt_ids, out.prompt_mask, out.completion_ids,
                                              out.completion_mask)
     assert (torch.exp(logp - out.old_logprobs)[out.completion_mask] - 1).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize(("precision", "engine", "under_autocast"), [
+    ("bf16-mixed", "hf", True),  # generate decodes in the update's precision
+    ("bf16-mixed", "vllm", False),  # vLLM samples in its own dtype
+    ("32-true", "hf", False),
+])
+def test_sampling_runs_under_the_updates_autocast_for_hf_policies_in_mixed_precision(tmp_path, precision, engine,
+                                                                                    under_autocast):
+    from types import SimpleNamespace
+
+    from mrl_lightning.trainer import MRLTrainer
+
+    trainer = MRLTrainer(max_steps=1, accelerator="cpu", devices=1, precision=precision,
+                         default_root_dir=str(tmp_path), enable_progress_bar=False)
+    with trainer._sampling_precision([SimpleNamespace(rollout_engine=engine)]):
+        seen = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
+    assert seen[0] is under_autocast
+    if under_autocast:
+        assert seen[1] == torch.bfloat16

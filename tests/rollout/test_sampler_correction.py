@@ -194,3 +194,43 @@ def test_the_share_uses_the_plans_own_estimate_of_states_and_update_activations(
     assert terms["activations"] > 0.1 * terms["states"]  # not negligible: leaving it out over-sizes vLLM
     expected = 1 - ((terms["states"] + terms["activations"]) / 2**30 + 1.0) / 141.0
     assert colocated_memory_share([policy], 64, 141.0) == pytest.approx({"a": expected})
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "sequence_mask"])
+def test_the_update_takes_old_log_probs_and_weights_from_its_own_first_forward(tiny_lm_dir, mode):
+    """No pass of its own: micro-batch by micro-batch, the first iteration's forward gives the old
+    log-probs (a no-grad pass at the same weights gives the same bits) and the weights of the whole batch."""
+    from mrl_lightning.batch import TrainBatch
+    from mrl_lightning.builders import build_policy
+    from mrl_lightning.rollout import HFGenerateEngine
+    from mrl_lightning.update import policy_update
+
+    policy = PolicyModule(name="p", model=str(tiny_lm_dir), temperature=0.7, num_generations=3,
+                          max_completion_length=5, micro_batch_size=2, num_iterations=2,
+                          vllm_importance_sampling_mode=mode, vllm_importance_sampling_clip_max=1.2)
+    build_policy(policy)
+    torch.manual_seed(3)
+    out = HFGenerateEngine().generate(policy.model, policy.tokenizer, policy.encode_prompts(["ab", "7 - 5?"]),
+                                      num_generations=3, max_completion_length=5, temperature=0.7)
+    with torch.no_grad():  # what a scoring pass of its own computed, micro-batch by micro-batch
+        expected = torch.cat([policy.completion_logprobs(out.prompt_ids[i:i + 2], out.prompt_mask[i:i + 2],
+                                                         out.completion_ids[i:i + 2], out.completion_mask[i:i + 2])[0]
+                              for i in range(0, 6, 2)])
+    expected = torch.where(out.completion_mask, expected, torch.zeros_like(expected))
+    shift = torch.linspace(-0.3, 0.3, out.old_logprobs.numel()).view(out.old_logprobs.shape)
+    out.sampling_logprobs = out.old_logprobs + shift  # a sampler that disagrees, so the weights are not 1
+    weights = importance_weights(expected, out.sampling_logprobs, out.completion_mask, mode, 1.2, None)
+    calls = []
+    original = policy.completion_logprobs
+    policy.completion_logprobs = lambda *a, **k: calls.append(1) or original(*a, **k)
+    fabric = SimpleNamespace(backward=lambda loss: loss.backward(),
+                             clip_gradients=lambda m, o, max_norm: torch.nn.utils.clip_grad_norm_(m.parameters(), max_norm))
+    optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.1)
+    metrics = policy_update(policy, TrainBatch(SimpleNamespace(rollouts=out), torch.randn(2, 3)), policy.model,
+                            fabric, optimizer)
+    assert len(calls) == 3 * 2  # 3 micro-batches x 2 iterations: no scoring pass of its own
+    assert torch.equal(out.old_logprobs, expected)
+    flat = weights.flatten() if mode.startswith("sequence") else weights[out.completion_mask]
+    assert metrics["rollout/p/is_ratio_mean"] == pytest.approx(float(flat.mean()), abs=1e-7)
+    assert metrics["rollout/p/is_ratio_min"] == pytest.approx(float(flat.min()), abs=1e-7) and float(flat.min()) < 1
+    assert metrics["train/p/ratio_max"] > 1.0  # the second iteration moved off the first's old log-probs
