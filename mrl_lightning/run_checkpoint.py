@@ -16,14 +16,16 @@ so tied weights stay one storage.
 
 from __future__ import annotations
 
+import contextlib
 import io
+import json
 import os
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from mrl_lightning.checkpoint import FORMAT_VERSION, CheckpointError, atomic_save
+from mrl_lightning.checkpoint import FORMAT_VERSION, CheckpointError, atomic_save, atomic_write
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.mwra import rng_state, set_rng_state
 from mrl_lightning.mwra.sharding import full_state, is_sharded, load_full_state
@@ -208,3 +210,34 @@ def _pack(state: dict[str, Any]) -> bytes:
 def _unpack(data: bytes) -> dict[str, Any]:
     """Inverse of :func:`_pack` (tensors and plain containers only)."""
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+def write_run_files(log_dir: str, config_text: str | None, system, datamodule) -> None:
+    """The run folder's own files, written by rank 0 at the start of a run (docs/loop.md, "Run folder and logs").
+
+    ``config.yaml`` (the resolved config) is written atomically (:func:`~mrl_lightning.checkpoint.atomic_write`):
+    on a full disk no file is left, nor the run folder when this made it (docs/reliability.md, row 33b).
+    ``model_sources.json`` holds what each policy built from a recipe that records it (a GGUF file, its sha256
+    and quantization, the converted folder; docs/real_models.md).
+
+    Raises:
+        OSError: a file cannot be written (a full disk: the partial file removed).
+    """
+    folder = Path(log_dir)
+    if config_text is not None:
+        made = not folder.exists()
+        text = config_text.encode("utf-8")
+        try:
+            atomic_write(folder / "config.yaml", lambda fh: fh.write(text), lambda: (
+                "no step was trained: free disk space (or give --trainer.default_root_dir a folder on a disk with "
+                "room), then run the same command again."))
+        except OSError:
+            if made:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # still empty: the next run takes this version, as if none had started
+            raise
+    sources = {name: prov for name, p in system.policies.items()
+               if (prov := getattr(p.model_source, "provenance", lambda *a: None)(p, datamodule))}
+    if sources:
+        os.makedirs(log_dir, exist_ok=True)
+        (folder / "model_sources.json").write_text(json.dumps(sources, indent=2))

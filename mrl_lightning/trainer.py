@@ -19,7 +19,6 @@ Run folder ``<default_root_dir>/version_<n>/``: ``config.yaml`` (resolved config
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from functools import partial
@@ -31,7 +30,6 @@ from lightning.fabric.loggers import TensorBoardLogger
 
 from mrl_lightning.builders import build_on_rank
 from mrl_lightning.callbacks.base import HookContext, MRLCallback, collect_services
-from mrl_lightning.checkpoint import atomic_write
 from mrl_lightning.dynamic_sampling import extra_samples, sample_until_full
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.lifeline import is_launched_worker
@@ -42,9 +40,9 @@ from mrl_lightning.objectives.aux_share import term_names
 from mrl_lightning.preflight import check_before_build, make_fabric, trainer_errors
 from mrl_lightning.progress import RunProgress, done_line, interrupted_line
 from mrl_lightning.reporting import eval_summary, evaluate_on_workers, rollout_metrics
-from mrl_lightning.run_checkpoint import restore_run_checkpoint, save_run_checkpoint
+from mrl_lightning.run_checkpoint import restore_run_checkpoint, save_run_checkpoint, write_run_files
 from mrl_lightning.run_stop import StopContext
-from mrl_lightning.update import mark_for_rescoring, new_train_batch, policy_update
+from mrl_lightning.update import mark_for_rescoring, new_train_batch, policy_update, sampling_precision
 
 FULL_PRECISION = ("32-true", "32", "64-true", "64")
 
@@ -257,8 +255,8 @@ class MRLTrainer:
             if checkpoint is not None:
                 self._load(checkpoint, model, datamodule)
                 self.print(f"Resumed from {ckpt_path} at step {self.global_step}.")
-        self._write_config()
-        self._write_sources(model, datamodule)
+        if self.is_global_zero:
+            write_run_files(self.log_dir, self.config_text, model, datamodule)
         self.print(f"Run folder: {self.log_dir}")
         self.fabric.call("on_fit_start", self.ctx, model)
         if self.global_step == 0:
@@ -322,7 +320,7 @@ class MRLTrainer:
                 policy = model.policies[name]
                 positions = w.shard_indices(name, len(items))  # keyed by its place in the batch, not the rank
                 seeds = [stream_seed(self._run_seed(), name, "rollout", self.rollout_step, b) for b in positions]
-                with self._sampling_precision([policy]):
+                with sampling_precision(self.fabric, [policy]):
                     scored[name] = model.rollout(policy, [items[b] for b in positions], prompt_seeds=seeds,
                                                  seed=stream_seed(self._run_seed(), name, "rollout", self.rollout_step))
                     if policy.filter_groups:  # DAPO's dynamic sampling: its own extra generation batches
@@ -385,7 +383,7 @@ class MRLTrainer:
             def seed(name: str, part: str, *position: int) -> int:  # position: the prompt's place in the part
                 return stream_seed(self._run_seed(), name, "eval", self.global_step, part, *position)
 
-            with self._sampling_precision([model.policies[name] for name in w.local_policies]):
+            with sampling_precision(self.fabric, [model.policies[name] for name in w.local_policies]):
                 metrics, samples = evaluate_on_workers(model, datamodule.eval_items(), w,
                                                        self.num_sample_completions, self.eval_num_generations, seed)
         self.last_eval = metrics
@@ -395,17 +393,6 @@ class MRLTrainer:
             for name, text in samples:
                 self.logger.experiment.add_text(f"samples/{name}", text, global_step=self.global_step)
         self.print(f"[eval] step {self.global_step}: {eval_summary(metrics)}")
-
-    def _sampling_precision(self, policies):
-        """Fabric's autocast when the run is mixed precision and every one of ``policies`` samples with the
-        ``hf`` engine: ``generate`` then decodes in the update's precision, each weight cast once per call
-        (docs/speed.md); otherwise no context (float32 sampling, and vLLM in its own dtype)."""
-        from lightning.fabric.plugins.precision.amp import MixedPrecision
-
-        if isinstance(self.fabric.strategy.precision, MixedPrecision) and all(
-                p.rollout_engine == "hf" for p in policies):
-            return self.fabric.autocast()
-        return contextlib.nullcontext()
 
     # ---------------------------------------------------------------- checkpoints
     def save_checkpoint(self, model, datamodule) -> Path:
@@ -427,30 +414,3 @@ class MRLTrainer:
                                    note=self.print)
         self.global_step, self.rollout_step, self.samples_seen = c["global_step"], c["rollout_step"], c["samples_seen"]
         self.optimizer_steps = dict(c["optimizer_steps"])
-
-    def _write_sources(self, model, datamodule) -> None:
-        """``model_sources.json`` in the run folder: what each policy built from a recipe that records it
-        (a GGUF file, its sha256 and quantization, the converted folder; docs/real_models.md)."""
-        sources = {name: prov for name, p in model.policies.items()
-                   if (prov := getattr(p.model_source, "provenance", lambda *a: None)(p, datamodule))}
-        if sources and self.is_global_zero:
-            os.makedirs(self.log_dir, exist_ok=True)
-            Path(self.log_dir, "model_sources.json").write_text(json.dumps(sources, indent=2))
-
-    def _write_config(self) -> None:
-        """``config.yaml`` in the run folder, written atomically (:func:`~mrl_lightning.checkpoint.atomic_write`):
-        on a full disk no file is left, nor the run folder when this made it (docs/reliability.md, row 33b)."""
-        if self.config_text is None or not self.is_global_zero:
-            return
-        folder = Path(self.log_dir)
-        made = not folder.exists()
-        text = self.config_text.encode("utf-8")
-        try:
-            atomic_write(folder / "config.yaml", lambda fh: fh.write(text), lambda: (
-                "no step was trained: free disk space (or give --trainer.default_root_dir a folder on a disk with "
-                "room), then run the same command again."))
-        except OSError:
-            if made:
-                with contextlib.suppress(OSError):
-                    folder.rmdir()  # still empty: the next run takes this version, as if none had started
-            raise

@@ -127,6 +127,17 @@ def mark_for_rescoring(rollouts) -> None:
         rollouts.sampling_logprobs = rollouts.old_logprobs.clone()
 
 
+def sampling_precision(fabric, policies):
+    """Fabric's autocast when the run is mixed precision and every one of ``policies`` samples with the
+    ``hf`` engine: ``generate`` then decodes in the update's precision, each weight cast once per call
+    (docs/speed.md); otherwise no context (float32 sampling, and vLLM in its own dtype)."""
+    from lightning.fabric.plugins.precision.amp import MixedPrecision
+
+    if isinstance(fabric.strategy.precision, MixedPrecision) and all(p.rollout_engine == "hf" for p in policies):
+        return fabric.autocast()
+    return contextlib.nullcontext()
+
+
 def trainable(policy: PolicyModule) -> list[torch.nn.Parameter]:
     """The policy's parameters that the optimizer steps."""
     return [p for p in policy.model.parameters() if p.requires_grad]

@@ -108,12 +108,11 @@ def test_a_second_use_is_a_cache_hit_that_converts_nothing(gguf_file, cache, mon
 
 
 def test_the_run_folder_records_what_each_gguf_policy_loaded(gguf_file, cache, tmp_path):
-    from mrl_lightning.trainer import MRLTrainer
+    from mrl_lightning.run_checkpoint import write_run_files
 
     policy, _ = _built(gguf_file)
     run = tmp_path / "run"
-    MRLTrainer._write_sources(SimpleNamespace(is_global_zero=True, log_dir=str(run)),
-                              SimpleNamespace(policies={"tiny": policy}), None)
+    write_run_files(str(run), None, SimpleNamespace(policies={"tiny": policy}), None)
     written = json.loads((run / "model_sources.json").read_text())
     assert written["tiny"]["sha256"] == policy.model_source.provenance(policy, None)["sha256"]
     assert written["tiny"]["model"] == str(gguf_file)
