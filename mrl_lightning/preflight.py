@@ -376,7 +376,7 @@ def check_before_build(trainer, model, datamodule, ckpt_path: str | None) -> Che
     shapes, shape_errors = plan_shapes(policies, datamodule)  # configs only (LoRA on the meta device)
     shape_errors += sharding_errors(placement, policies, datamodule.batch_size)
     _raise("Invalid policy config", errors + shape_errors)
-    checkpoint = load_checkpoint(ckpt_path) if ckpt_path else None
+    checkpoint = load_checkpoint(ckpt_path, policies=()) if ckpt_path else None  # the manifest: parts at restore
     if checkpoint is not None:
         check_compatible(checkpoint, list(policies), trainer.max_steps,
                          data_parts=[part.name for part in datamodule.parts],

@@ -38,14 +38,17 @@ class _FullDisk:
         return getattr(self.fh, name)
 
 
-def test_disk_full_mid_checkpoint_keeps_the_last_good_one_loadable(write_tiny_config, monkeypatch, capsys):
+@pytest.mark.parametrize("fails", ["part", "manifest"])
+def test_disk_full_mid_checkpoint_keeps_the_last_good_one_loadable(write_tiny_config, monkeypatch, capsys, fails):
     config = write_tiny_config(modify=lambda c: c["trainer"].update(max_steps=2, version="full", keep_checkpoints=5))
     real_save = torch.save
     saves = []
 
-    def save(obj, fh, *args, **kwargs):  # the second checkpoint (step 2) meets a full disk half-way
-        saves.append(obj["counters"]["global_step"])
-        target = _FullDisk(fh, room=300_000) if len(saves) == 2 else fh
+    def save(obj, fh, *args, **kwargs):  # the second checkpoint's first part (or its manifest) meets a full disk
+        kind = "part" if obj.get("format") == ckpt.PART_FORMAT else "manifest"
+        step = obj["step"] if kind == "part" else obj["counters"]["global_step"]
+        saves.append((kind, step))
+        target = _FullDisk(fh, room=3_000) if (kind, step) == (fails, 2) and saves.count((kind, 2)) == 1 else fh
         return real_save(obj, target, *args, **kwargs)
 
     monkeypatch.setattr(ckpt.torch, "save", save)
@@ -53,11 +56,17 @@ def test_disk_full_mid_checkpoint_keeps_the_last_good_one_loadable(write_tiny_co
     monkeypatch.setattr(ckpt.torch, "save", real_save)
     err = capsys.readouterr().err
     folder = _run_dir(config, "full") / "checkpoints"
-    assert saves == [1, 2] and "Traceback" not in err
+    assert saves[:3] == [("part", 1), ("part", 1), ("manifest", 1)] and "Traceback" not in err
+    assert saves[-1] == (fails, 2)  # nothing was written after the failed file
     assert "mrl: error in phase 'checkpoint' at step 2: OSError: [Errno 28]" in err
-    assert f"while writing {folder / 'last.ckpt'}" in err and "previous last.ckpt is untouched" in err
-    assert "--ckpt_path" in err
-    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "step=1.ckpt"]  # no partial file left
+    failed = folder / "step=2.parts" / "gpt2.pt" if fails == "part" else folder / "last.ckpt"
+    assert f"while writing {failed}" in err and "previous last.ckpt is untouched" in err
+    assert f"--ckpt_path {folder / 'last.ckpt'}" in err
+    # no partial file left; a manifest that failed leaves its step's parts, which no manifest names
+    left = sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+    parts_of_1 = ["step=1.parts", "step=1.parts/gpt2.pt", "step=1.parts/llama.pt"]
+    parts_of_2 = ["step=2.parts", "step=2.parts/gpt2.pt", "step=2.parts/llama.pt"] if fails == "manifest" else []
+    assert left == sorted(["last.ckpt", "step=1.ckpt", *parts_of_1, *parts_of_2])
     assert load_checkpoint(folder / "last.ckpt")["counters"]["global_step"] == 1
     resumed = write_tiny_config("b.yaml", modify=lambda c: c["trainer"].update(max_steps=2, version="resumed"))
     assert main(["fit", "--config", str(resumed), "--ckpt_path", str(folder / "last.ckpt")]) == 0
