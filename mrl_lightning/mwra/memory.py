@@ -1,0 +1,216 @@
+"""The resource plan's memory model: one policy's terms on one worker, in bytes (docs/mwra.md, "The memory model").
+
+Built from the model's *config* (parameters counted on the meta device, nothing loaded) and
+the policy's options. The terms, for P parameters of which T are trained (all, or a LoRA
+adapter's), float32 (``32-true``, or the master weights of ``bf16-mixed``):
+
+- resident on every worker that runs the policy (``states``; 1/k of it for an ``fsdp``
+  policy on k ranks): ``weights`` 4·P; ``gradients`` 4·T (kept from one update's backward
+  to the next one's ``zero_grad``); ``moments`` 8·T (AdamW's two, from the first step on);
+  ``reference`` 4·P when ``beta > 0`` (none for LoRA, whose reference is the base with the
+  adapter off);
+- transient, one at a time (a worker runs one phase of one policy at a time):
+  - ``activations``: one micro-batch of the update: every layer's saved activations
+    (Korthikanti et al. 2022: ``34·s·h + 5·a·s²`` bytes per layer and sequence at 16 bits,
+    doubled for float32, s = max_prompt_length + max_completion_length: an upper bound; with
+    ``gradient_checkpointing`` each layer's fp32 input ``4·s·h`` plus one layer's) plus the
+    log-probs' float32 logits: :data:`UPDATE_LOGIT_COPIES` copies of ``[micro, L + 1, V]``
+    when taken whole, or :data:`CHUNK_LOGIT_COPIES` copies of one chunk when the policy takes
+    them in chunks (:func:`logit_elements`);
+  - ``optimizer_step``: 4·T, the one temporary of foreach AdamW (``sqrt`` of the second
+    moments) beside every resident state;
+  - ``kv_cache``: sampling a step's rollouts with the Hugging Face engine: the KV cache
+    ``N·s·layers·2·kv_width·4`` plus :data:`SAMPLING_LOGIT_COPIES` float32 copies of the
+    ``[N, L, V]`` logits ``generate`` keeps (a vLLM policy samples in its engine's memory:
+    the KV cache term only);
+  - ``eval_sampling``: the same for an evaluation call, which generates one part's held-out
+    prompts (this rank's share) times ``eval_num_generations`` (or once, greedy) together;
+  - ``checkpoint_write``: writing the policy's part: nothing when plain (``torch.save``
+    streams the tensors to the file), two copies of its largest tensor when gzipped (torch
+    hands the stream each tensor as one bytes object, and zlib returns its compressed bytes
+    whole), the whole part for an ``fsdp`` policy (its full tensors are gathered on every
+    rank of its group);
+- ``tokenizer``: on CPU workers, 3.5 KiB per vocabulary entry of a tokenizer the plan has
+  not loaded yet (a recipe's); every worker loads every policy's tokenizer (THL reads them);
+- ``checkpoint``: the policy's part of a checkpoint (its weights or adapter and AdamW's two
+  moments), for the record.
+
+The constants were measured on a CPU in float32 (docs/mwra.md: per-phase peaks with
+``benchmarks/memory_peaks.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+GIB = 2**30
+
+UPDATE_LOGIT_COPIES = 5
+"""Float32 copies of ``[micro, L + 1, V]`` one micro-batch holds at its peak when its logits are
+taken whole: the forward's logits, their tempered copy, logsumexp's exponentials, the backward's
+gradient and the entropy's softmax (4.6-5.1 measured)."""
+
+CHUNK_LOGIT_COPIES = 4
+"""Float32 copies of one chunk's ``[positions, V]`` logits the chunked log-probs hold at their
+peak (the backward of one chunk: recomputed logits, their tempered copy, exponentials, gradient)."""
+
+SAMPLING_LOGIT_COPIES = 2
+"""Float32 copies of ``[N, L, V]`` Hugging Face sampling holds at its end: every step's logits
+kept by ``generate``, plus each step's tempered and perturbed scores (1.0-1.6 measured)."""
+
+TOKENIZER_BYTES_PER_TOKEN = 3584
+"""A fast tokenizer and THL's byte table: 1.7 KiB (Tekken) - 3.3 KiB (Mistral v1) per token measured."""
+
+
+@dataclass
+class ModelShape:
+    """What the estimate needs from a model config.
+
+    Attributes:
+        family: ``config.model_type``.
+        params: Parameters (tied weights counted once).
+        vocab: Vocabulary size V.
+        hidden: Width h.
+        layers: Transformer layers.
+        heads: Attention heads a.
+        trainable: Parameters the optimizer steps (a LoRA adapter's); None = all of them.
+        state_shapes: Name -> shape of every entry of the model's ``state_dict`` (a LoRA
+            policy's: its adapter's), what a checkpoint of it holds; None = not counted.
+        kv_width: Width of one token's keys (or values) in one layer: key/value heads x head
+            size (grouped-query attention keeps fewer than ``hidden``); None = ``hidden``.
+    """
+
+    family: str
+    params: int
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    trainable: int | None = None
+    state_shapes: dict[str, tuple[int, ...]] | None = None
+    kv_width: int | None = None
+
+
+def model_shape(config) -> ModelShape:
+    """Count a Hugging Face causal LM's parameters on the meta device (no memory, no weights).
+
+    Args:
+        config: A ``transformers.PretrainedConfig``.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    params = sum(p.numel() for p in model.parameters())
+    get = lambda *names: next((getattr(config, n) for n in names if getattr(config, n, None)), 0)  # noqa: E731
+    hidden, heads = get("hidden_size", "n_embd"), get("num_attention_heads", "n_head")
+    kv_heads = get("num_key_value_heads") or heads
+    head_size = get("head_dim") or (hidden // heads if heads else 0)
+    return ModelShape(family=getattr(config, "model_type", "?"), params=params, vocab=get("vocab_size"),
+                      hidden=hidden, layers=get("num_hidden_layers", "n_layer"), heads=heads,
+                      state_shapes={k: tuple(v.shape) for k, v in model.state_dict().items()},
+                      kv_width=kv_heads * head_size or None)
+
+
+def logit_elements(policy, rows: int, positions: int, vocab: int) -> int:
+    """Float32 logits one log-prob call of ``rows`` x ``positions`` holds at its peak, per copy.
+
+    Whole ``rows * positions * vocab`` unless the policy takes them in chunks
+    (``policy.logprob_chunk_elements``: logits per chunk, the call chunked only above it;
+    None or absent = whole); then one chunk's ``(chunk_elements // V) * V``.
+    """
+    whole = rows * positions * vocab
+    chunk = getattr(policy, "logprob_chunk_elements", None)
+    if not chunk or whole <= chunk:
+        return whole
+    return max(1, chunk // vocab) * vocab
+
+
+def _sampling_bytes(shape: ModelShape, policy, rows: int, kv_only: bool) -> float:
+    """KV cache of ``rows`` sequences of s tokens, plus the logits ``generate`` keeps (module docstring)."""
+    s = policy.max_prompt_length + policy.max_completion_length
+    kv = rows * s * shape.layers * 2 * (shape.kv_width or shape.hidden) * 4
+    if kv_only:
+        return float(kv)
+    return float(kv + SAMPLING_LOGIT_COPIES * 4 * rows * policy.max_completion_length * shape.vocab)
+
+
+def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int, shards: int = 1, *,
+                        eval_prompts_per_rank: int = 0, eval_generations: int = 0,
+                        compress: bool = False) -> dict[str, float]:
+    """One policy's memory terms on one of its workers, bytes (module docstring; docs/mwra.md, "The memory model").
+
+    Args:
+        shape: The model's shape (:func:`model_shape`).
+        policy: The policy (its generation, batch and memory options are read).
+        prompts_per_rank: Training prompts per step on one of its workers.
+        shards: The ranks an ``fsdp`` policy is sharded over (1 otherwise).
+        eval_prompts_per_rank: Held-out prompts of the largest part on one of its workers (0 =
+            not counted).
+        eval_generations: ``trainer.eval_num_generations`` (0 = greedy only: one completion each).
+        compress: ``trainer.compress_checkpoints``.
+
+    Returns:
+        ``weights``, ``gradients``, ``moments``, ``reference``, ``states`` (their sum, per
+        shard), ``activations``, ``optimizer_step``, ``kv_cache``, ``eval_sampling``,
+        ``checkpoint_write``, ``tokenizer`` and ``checkpoint``, in bytes.
+    """
+    n = policy.num_generations * prompts_per_rank
+    micro = min(policy.micro_batch_size or n, n)
+    length = policy.max_completion_length
+    s = policy.max_prompt_length + length
+    trainable = shape.params if shape.trainable is None else shape.trainable
+    adapter = shape.trainable is not None  # a LoRA policy: the reference is the base, no second copy
+    sharded = getattr(policy, "fsdp", False) and shards > 1
+    terms = {"weights": 4.0 * shape.params, "gradients": 4.0 * trainable, "moments": 8.0 * trainable,
+             "reference": 4.0 * shape.params if policy.beta > 0 and not adapter else 0.0}
+    for key in ("weights", "gradients", "moments", "reference"):
+        terms[key] /= shards if sharded else 1  # 1/k of each on each rank of the group
+    terms["states"] = terms["weights"] + terms["gradients"] + terms["moments"] + terms["reference"]
+    per_layer = 2 * (34 * s * shape.hidden + 5 * shape.heads * s * s)
+    if getattr(policy, "gradient_checkpointing", False):  # each layer's input kept, one layer's activations
+        layers = micro * (shape.layers * 4 * s * shape.hidden + per_layer)
+    else:
+        layers = micro * shape.layers * per_layer
+    copies = UPDATE_LOGIT_COPIES if logit_elements(policy, micro, length + 1, shape.vocab) == \
+        micro * (length + 1) * shape.vocab else CHUNK_LOGIT_COPIES
+    terms["activations"] = float(layers + copies * 4 * logit_elements(policy, micro, length + 1, shape.vocab))
+    terms["optimizer_step"] = terms["gradients"]  # foreach AdamW: sqrt(exp_avg_sq), one per trained parameter
+    vllm = getattr(policy, "rollout_engine", "hf") != "hf"
+    terms["kv_cache"] = _sampling_bytes(shape, policy, n, vllm)
+    eval_rows = eval_prompts_per_rank * max(1, eval_generations)
+    terms["eval_sampling"] = _sampling_bytes(shape, policy, eval_rows, vllm) if eval_rows else 0.0
+    # built after the plan (a recipe): not in the footprint measured when the plan is built
+    terms["tokenizer"] = float(TOKENIZER_BYTES_PER_TOKEN * shape.vocab) if getattr(policy, "tokenizer", None) is None \
+        else 0.0
+    terms["checkpoint"] = float(4 * (trainable if adapter else shape.params) + 8 * trainable)
+    largest = max((math.prod(v) for v in (shape.state_shapes or {}).values()), default=0)
+    terms["checkpoint_write"] = terms["checkpoint"] if sharded else (2.0 * 4 * largest if compress else 0.0)
+    return terms
+
+
+def policy_memory_parts(shape: ModelShape, policy, prompts_per_rank: int, shards: int = 1, host: bool = True,
+                        **workload) -> tuple[float, float]:
+    """``(states, peak transient)`` of one policy on one worker, bytes: the largest of the update's
+    activations, its optimizer step, sampling, evaluation and, on a CPU worker (``host``), the
+    checkpoint write (they never coexist; a GPU worker writes from host memory). An ``fsdp``
+    policy's full weights are gathered for its rollouts: counted with the peak.
+
+    Args:
+        shape, policy, prompts_per_rank, shards: As :func:`policy_memory_terms`.
+        host: The worker's device is the host's memory (CPU).
+        **workload: ``eval_prompts_per_rank``, ``eval_generations``, ``compress`` (:func:`policy_memory_terms`).
+    """
+    t = policy_memory_terms(shape, policy, prompts_per_rank, shards, **workload)
+    peak = max(t["activations"], t["optimizer_step"], t["kv_cache"], t["eval_sampling"],
+               t["checkpoint_write"] if host else 0.0)
+    if getattr(policy, "fsdp", False) and shards > 1:
+        peak = max(peak, max(t["kv_cache"], t["eval_sampling"]) + 4 * shape.params)
+    return t["states"], peak
+
+
+def policy_memory_bytes(shape: ModelShape, policy, prompts_per_rank: int) -> float:
+    """Memory of one policy on one worker while its phase runs, bytes (states + peak transient)."""
+    return sum(policy_memory_parts(shape, policy, prompts_per_rank))
