@@ -177,3 +177,26 @@ def test_a_part_removed_after_its_manifest_was_read_is_named_with_the_fix(tmp_pa
     with pytest.raises(CheckpointError, match=r"is missing\. A checkpoint is its manifest \(last.ckpt\) and its "
                                               r"folder step=2.parts/ beside it: copy or keep both\.$"):
         load_checkpoint(tmp_path / "last.ckpt")
+
+
+def test_a_single_file_checkpoint_of_format_two_still_resumes_exactly(write_tiny_config):
+    """A checkpoint as versions 1-2 wrote it (every policy in one file) resumes as the parts of version 3 do."""
+    from mrl_lightning.checkpoint import atomic_save
+    from mrl_lightning.cli import main
+
+    straight = write_tiny_config("a.yaml", modify=lambda c: c["trainer"].update(max_steps=2, version="straight"))
+    assert main(["fit", "--config", str(straight)]) == 0
+    folder = straight.parent / "runs" / "straight" / "checkpoints"
+    old = load_checkpoint(folder / "step=1.ckpt")
+    for key in ("parts", "_loaded_from", "_inode"):
+        old.pop(key)
+    old["version"] = 2
+    atomic_save(old, straight.parent / "old.ckpt")
+    resumed = write_tiny_config("b.yaml", modify=lambda c: c["trainer"].update(max_steps=2, version="resumed"))
+    assert main(["fit", "--config", str(resumed), "--ckpt_path", str(straight.parent / "old.ckpt")]) == 0
+    a = load_checkpoint(folder / "last.ckpt")
+    b = load_checkpoint(straight.parent / "runs" / "resumed" / "checkpoints" / "last.ckpt")
+    for name, part in a["policies"].items():
+        for key, value in part["model"].items():
+            assert torch.equal(b["policies"][name]["model"][key], value), f"{name}.{key}"
+    assert a["counters"] == b["counters"] and a["callbacks"] == b["callbacks"]
