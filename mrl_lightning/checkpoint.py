@@ -144,7 +144,7 @@ def load_checkpoint(path: str | Path, policies: list[str] | tuple[str, ...] | No
     Returns:
         The checkpoint: ``counters``, ``policies`` (name -> ``{"model", "optimizer"}``, those
         loaded), ``callbacks``, ``data``, ``rng``, ``placement``, ``fingerprint`` and, from
-        version 3, ``parts``; plus ``_loaded_from`` (the manifest's absolute path, not saved).
+        version 3, ``parts``.
 
     Raises:
         CheckpointError: no file at ``path``, a folder, a truncated / corrupted file, a file that
@@ -155,7 +155,7 @@ def load_checkpoint(path: str | Path, policies: list[str] | tuple[str, ...] | No
     for attempt in range(3):
         state = _load_manifest(path)
         try:
-            load_policy_parts(state, list(checkpoint_policies(state)) if policies is None else list(policies))
+            load_policy_parts(state, checkpoint_policies(state) if policies is None else list(policies), path)
             return state
         except CheckpointError as exc:
             # the run replaced this manifest and removed the parts it named while we read them: read it again
@@ -169,7 +169,6 @@ def _load_manifest(path: Path) -> dict[str, Any]:
     if path.is_dir():
         raise CheckpointError(f"{field} is a folder; give a .ckpt file in it. {_HINT}")
     try:
-        inode = path.stat().st_ino
         state = _read(path, field)
     except FileNotFoundError:
         raise CheckpointError(f"{field} does not exist. {_HINT}") from None
@@ -182,7 +181,6 @@ def _load_manifest(path: Path) -> dict[str, Any]:
     if version == 1:  # one process: its RNG state becomes rank 0's
         state["rng"] = {"ranks": [dict(state["rng"], cuda=[])]}
     state.setdefault("policies", {})
-    state["_loaded_from"], state["_inode"] = str(path.absolute()), inode
     return state
 
 
@@ -191,22 +189,23 @@ def checkpoint_policies(state: dict[str, Any]) -> list[str]:
     return list(state["parts"]) if isinstance(state.get("parts"), dict) else list(state["policies"])
 
 
-def load_policy_parts(state: dict[str, Any], names: list[str]) -> None:
+def load_policy_parts(state: dict[str, Any], names: list[str], path: str | Path) -> None:
     """Load the named policies' part files into ``state["policies"]`` (already there: left as they are).
 
     Args:
-        state: A checkpoint from :func:`load_checkpoint` (its ``parts`` and ``_loaded_from``).
+        state: A checkpoint from :func:`load_checkpoint` (its ``parts``).
         names: Policy names; those the checkpoint does not hold are skipped.
+        path: The manifest ``state`` was read from (its parts are named relative to its folder).
 
     Raises:
-        CheckpointError: a part file is missing (with ``replaced`` True when the manifest was
-            replaced since it was read: its run wrote a newer checkpoint and removed the old
-            parts), unreadable, or of another policy or step than the manifest names.
+        CheckpointError: a part file is missing (with ``replaced`` True when the manifest at
+            ``path`` is no longer ``state``'s: its run wrote a newer checkpoint and removed the
+            old parts), unreadable, or of another policy or step than the manifest names.
     """
     parts = state.get("parts")
     if not isinstance(parts, dict):
         return  # a single file: every policy is in it
-    manifest = Path(state["_loaded_from"])
+    manifest = Path(path).expanduser()
     step = int(state["counters"]["global_step"])
     for name in names:
         if name in state["policies"] or name not in parts:
@@ -216,7 +215,7 @@ def load_policy_parts(state: dict[str, Any], names: list[str]) -> None:
         try:
             part = _read(file, what)
         except FileNotFoundError:
-            replaced = not manifest.exists() or manifest.stat().st_ino != state.get("_inode")
+            replaced = _replaced(manifest, state)
             error = CheckpointError(
                 f"{what} is missing. A checkpoint is its manifest ({manifest.name}) and its folder "
                 f"{Path(parts[name]['file']).parent}/ beside it: copy or keep both"
@@ -230,6 +229,15 @@ def load_policy_parts(state: dict[str, Any], names: list[str]) -> None:
             raise CheckpointError(f"{what} is not the part the manifest names (policy {name!r}, step {step}; the file "
                                   f"holds {got}); resume from another step=<k>.ckpt in the same folder.")
         state["policies"][name] = {"model": part["model"], "optimizer": part["optimizer"]}
+
+
+def _replaced(manifest: Path, state: dict[str, Any]) -> bool:
+    """Whether the manifest at ``manifest`` now names other parts or another step than ``state``."""
+    try:
+        now = _read(manifest, str(manifest))
+    except (FileNotFoundError, CheckpointError):
+        return True
+    return now.get("parts") != state.get("parts") or now.get("counters") != state.get("counters")
 
 
 def fingerprint(state: dict[str, Any]) -> dict[str, Any]:

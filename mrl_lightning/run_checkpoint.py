@@ -162,12 +162,13 @@ def _write(state: dict[str, Any], folder: Path, path: Path, compress: bool, keep
             shutil.rmtree(parts, ignore_errors=True)
 
 
-def restore_run_checkpoint(state: dict[str, Any], *, workers, policies: dict, optimizers: dict, callbacks: list,
-                           datamodule, rank: int, note: Callable[[str], None]) -> dict[str, Any]:
+def restore_run_checkpoint(state: dict[str, Any], path: str | Path, *, workers, policies: dict, optimizers: dict,
+                           callbacks: list, datamodule, rank: int, note: Callable[[str], None]) -> dict[str, Any]:
     """Load a checkpoint's policies (this rank's), optimizers, callbacks, data position and RNG state.
 
     Args:
-        state: A loaded checkpoint (:func:`mrl_lightning.checkpoint.load_checkpoint`).
+        state: A loaded checkpoint (:func:`mrl_lightning.checkpoint.load_checkpoint`; its manifest suffices).
+        path: The file ``state`` was read from (``--ckpt_path``): its parts are named relative to its folder.
         workers: This rank's :class:`~mrl_lightning.mwra.Workers`.
         policies: Policy name -> policy (built).
         optimizers: Policy name -> its optimizer, for this rank's policies.
@@ -188,7 +189,7 @@ def restore_run_checkpoint(state: dict[str, Any], *, workers, policies: dict, op
     (the model holds a copy of its weights, the optimizer the moments themselves), so no
     second copy outlives the restore.
     """
-    load_policy_parts(state, list(workers.local_policies))
+    load_policy_parts(state, list(workers.local_policies), path)
     for name in workers.local_policies:
         saved = state["policies"].pop(name)
         try:

@@ -22,7 +22,7 @@ adapter's), float32 (``32-true``, or the master weights of ``bf16-mixed``):
   - ``kv_cache``: sampling a step's rollouts with the Hugging Face engine: the KV cache
     ``N·s·layers·2·kv_width·4`` plus :data:`SAMPLING_LOGIT_COPIES` float32 copies of the
     ``[N, L, V]`` logits ``generate`` keeps (a vLLM policy samples in its engine's memory:
-    the KV cache term only);
+    the KV cache term only); an ``fsdp`` policy samples on its full weights, 4·P more;
   - ``eval_sampling``: the same for an evaluation call, which generates one part's held-out
     prompts (this rank's share) times ``eval_num_generations`` (or once, greedy) together;
   - ``checkpoint_write``: writing the policy's part: nothing when plain (``torch.save``
@@ -179,9 +179,10 @@ def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int, shards
     terms["activations"] = float(layers + copies * 4 * logit_elements(policy, micro, length + 1, shape.vocab))
     terms["optimizer_step"] = terms["gradients"]  # foreach AdamW: sqrt(exp_avg_sq), one per trained parameter
     vllm = getattr(policy, "rollout_engine", "hf") != "hf"
-    terms["kv_cache"] = _sampling_bytes(shape, policy, n, vllm)
+    gathered = 4.0 * shape.params if sharded else 0.0  # a sharded policy samples on its full weights
+    terms["kv_cache"] = _sampling_bytes(shape, policy, n, vllm) + gathered
     eval_rows = eval_prompts_per_rank * max(1, eval_generations)
-    terms["eval_sampling"] = _sampling_bytes(shape, policy, eval_rows, vllm) if eval_rows else 0.0
+    terms["eval_sampling"] = _sampling_bytes(shape, policy, eval_rows, vllm) + gathered if eval_rows else 0.0
     # built after the plan (a recipe): not in the footprint measured when the plan is built
     terms["tokenizer"] = float(TOKENIZER_BYTES_PER_TOKEN * shape.vocab) if getattr(policy, "tokenizer", None) is None \
         else 0.0
@@ -191,24 +192,32 @@ def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int, shards
     return terms
 
 
+TRANSIENTS = {"activations": "update", "optimizer_step": "optimizer step", "kv_cache": "sampling",
+              "eval_sampling": "evaluation", "checkpoint_write": "checkpoint"}
+"""The transient terms, by the phase each belongs to (the plan's ``peak`` column)."""
+
+
+def largest_transient(terms: dict[str, float], host: bool = True) -> tuple[str, float]:
+    """``(phase, bytes)`` of the largest transient of :func:`policy_memory_terms` (:data:`TRANSIENTS`; the
+    checkpoint write only on a CPU worker, ``host``: a GPU worker writes from host memory)."""
+    counted = {k: v for k, v in terms.items() if k in TRANSIENTS and (host or k != "checkpoint_write")}
+    key = max(counted, key=lambda k: counted[k])
+    return TRANSIENTS[key], counted[key]
+
+
 def policy_memory_parts(shape: ModelShape, policy, prompts_per_rank: int, shards: int = 1, host: bool = True,
                         **workload) -> tuple[float, float]:
     """``(states, peak transient)`` of one policy on one worker, bytes: the largest of the update's
     activations, its optimizer step, sampling, evaluation and, on a CPU worker (``host``), the
-    checkpoint write (they never coexist; a GPU worker writes from host memory). An ``fsdp``
-    policy's full weights are gathered for its rollouts: counted with the peak.
+    checkpoint write (they never coexist: :func:`largest_transient`).
 
     Args:
         shape, policy, prompts_per_rank, shards: As :func:`policy_memory_terms`.
         host: The worker's device is the host's memory (CPU).
         **workload: ``eval_prompts_per_rank``, ``eval_generations``, ``compress`` (:func:`policy_memory_terms`).
     """
-    t = policy_memory_terms(shape, policy, prompts_per_rank, shards, **workload)
-    peak = max(t["activations"], t["optimizer_step"], t["kv_cache"], t["eval_sampling"],
-               t["checkpoint_write"] if host else 0.0)
-    if getattr(policy, "fsdp", False) and shards > 1:
-        peak = max(peak, max(t["kv_cache"], t["eval_sampling"]) + 4 * shape.params)
-    return t["states"], peak
+    terms = policy_memory_terms(shape, policy, prompts_per_rank, shards, **workload)
+    return terms["states"], largest_transient(terms, host)[1]
 
 
 def policy_memory_bytes(shape: ModelShape, policy, prompts_per_rank: int) -> float:

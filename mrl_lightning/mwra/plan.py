@@ -25,6 +25,7 @@ from mrl_lightning.errors import ConfigError
 from mrl_lightning.mwra.memory import (  # noqa: F401 - also from here
     GIB,
     ModelShape,
+    largest_transient,
     model_shape,
     policy_memory_bytes,
     policy_memory_parts,
@@ -61,6 +62,8 @@ class PolicyPlacement:
         tokenizer_gib: Host memory of its tokenizer when the plan has not loaded it (a
             recipe's), GiB; every worker loads it.
         checkpoint_gib: Its part of a checkpoint (kept weights and AdamW moments), GiB.
+        peak: The phase of its largest transient (``update``, ``optimizer step``, ``sampling``,
+            ``evaluation``, ``checkpoint``: :func:`~mrl_lightning.mwra.memory.largest_transient`).
     """
 
     policy: str
@@ -78,6 +81,7 @@ class PolicyPlacement:
     memory: str = "full"
     tokenizer_gib: float = 0.0
     checkpoint_gib: float = 0.0
+    peak: str = "?"
 
 
 def build_plan(
@@ -116,9 +120,9 @@ def build_plan(
         workload = dict(eval_prompts_per_rank=-(-eval_prompts // len(ranks)), eval_generations=eval_generations,
                         compress=compress)
         per_rank = -(-batch_size // len(ranks))
-        states, peak = policy_memory_parts(shape, policies[name], per_rank, len(ranks), host=device == "cpu",
-                                           **workload) if shape else (None, None)
         terms = policy_memory_terms(shape, policies[name], per_rank, len(ranks), **workload) if shape else {}
+        phase, peak = largest_transient(terms, host=device == "cpu") if shape else ("?", None)
+        states = terms.get("states")
         rows.append(PolicyPlacement(
             policy=name, family=shape.family if shape else "?", params=shape.params if shape else None,
             vocab=shape.vocab if shape else None, ranks=ranks, device=device, strategy=strategy,
@@ -128,6 +132,7 @@ def build_plan(
             size_is_bound=bool(getattr(policies[name], "builds_from_recipe", False)),
             memory=memory_options(policies[name], shape, len(ranks)),
             tokenizer_gib=terms.get("tokenizer", 0.0) / GIB, checkpoint_gib=terms.get("checkpoint", 0.0) / GIB,
+            peak=phase,
         ))
     return rows
 
@@ -232,11 +237,11 @@ def format_plan(rows: list[PolicyPlacement], placement: Placement, framework_gib
         return str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
 
     header = ("policy", "family", "params", "vocab", "ranks", "device", "strategy", "precision", "threads",
-              "memory", "est. GiB/worker")
+              "memory", "peak", "est. GiB/worker")
     bound = lambda r: "<=" if r.size_is_bound else ""  # noqa: E731
     body = [(r.policy, r.family, "?" if r.params is None else f"{bound(r)}{r.params / 1e6:.2f}M",
              "?" if r.vocab is None else f"{bound(r)}{r.vocab}", ranks_text(r.ranks), r.device, r.strategy, r.precision,
-             str(r.threads), r.memory, "?" if r.memory_gib is None else f"{r.memory_gib:.3f}") for r in rows]
+             str(r.threads), r.memory, r.peak, "?" if r.memory_gib is None else f"{r.memory_gib:.3f}") for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731
     out = [f"placement: {placement.mode}, {placement.world_size} worker(s)", line(header),

