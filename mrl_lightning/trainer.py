@@ -347,6 +347,10 @@ class MRLTrainer:
             with w.phase("update"):
                 wrapped, opt = self._modules[name]
                 reduce = None if policy.fsdp else partial(w.reduce_gradients, name)  # FSDP reduces in backward
+                # the last step's gradients go before the forward, and the heap they leave with them
+                # (policy_update zeroes them again: a no-op on the first iteration)
+                opt.zero_grad(set_to_none=True)
+                release_free_memory()
                 metrics.update(policy_update(policy, batch, wrapped, self.fabric, opt, reduce_gradients=reduce))
                 release_free_memory()
             metrics.update(batch.metrics)

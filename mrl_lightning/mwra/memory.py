@@ -10,19 +10,25 @@ adapter's), float32 (``32-true``, or the master weights of ``bf16-mixed``):
   ``reference`` 4·P when ``beta > 0`` (none for LoRA, whose reference is the base with the
   adapter off);
 - transient, one at a time (a worker runs one phase of one policy at a time):
-  - ``activations``: one micro-batch of the update: every layer's saved activations
-    (Korthikanti et al. 2022: ``34·s·h + 5·a·s²`` bytes per layer and sequence at 16 bits,
-    doubled for float32, s = max_prompt_length + max_completion_length: an upper bound; with
-    ``gradient_checkpointing`` each layer's fp32 input ``4·s·h`` plus one layer's) plus the
+  - ``activations``: one micro-batch of the update: every layer's saved activations,
+    ``4·(9h + 5q + 4kv + 4i)`` bytes per token and layer (:data:`ACTIVATION_WIDTHS`; h the
+    width, q and kv the query and key/value widths, i the MLP's), over the tokens the forward
+    runs (each distinct prompt once and every row's completion with ``share_prompt_forward``,
+    plus the prompt's keys and values gathered to every row; else every row over prompt +
+    completion), at the longest prompt and completion; the attention scores too when the
+    model runs eager attention (sdpa's CPU and flash kernels keep none); with
+    ``gradient_checkpointing`` each layer's input ``4h`` per token plus one layer's; plus the
     log-probs' float32 logits: :data:`UPDATE_LOGIT_COPIES` copies of ``[micro, L + 1, V]``
     when taken whole, or :data:`CHUNK_LOGIT_COPIES` copies of one chunk when the policy takes
-    them in chunks (:func:`logit_elements`);
+    them in chunks (:func:`logit_elements`); plus one ``[V, h]`` gradient of the output head
+    (tied to the embedding, or accumulated chunk by chunk, it arrives twice);
   - ``optimizer_step``: 4·T, the one temporary of foreach AdamW (``sqrt`` of the second
     moments) beside every resident state;
   - ``kv_cache``: sampling a step's rollouts with the Hugging Face engine: the KV cache
-    ``N·s·layers·2·kv_width·4`` plus :data:`SAMPLING_LOGIT_COPIES` float32 copies of the
-    ``[N, L, V]`` logits ``generate`` keeps (a vLLM policy samples in its engine's memory:
-    the KV cache term only); an ``fsdp`` policy samples on its full weights, 4·P more;
+    ``N·s·layers·2·kv·4`` twice (it grows by concatenation), :data:`SAMPLING_STEP_COPIES`
+    float32 ``[N, V]`` scores of one decoding step, and :data:`SAMPLING_LOGIT_COPIES` copies
+    of the ``[N, L, V]`` logits ``generate`` keeps (a vLLM policy samples in its engine's
+    memory: the KV cache term only); an ``fsdp`` policy samples on its full weights, 4·P more;
   - ``eval_sampling``: the same for an evaluation call, which generates one part's held-out
     prompts (this rank's share) times ``eval_num_generations`` (or once, greedy) together;
   - ``checkpoint_write``: writing the policy's part: nothing when plain (``torch.save``
@@ -35,8 +41,9 @@ adapter's), float32 (``32-true``, or the master weights of ``bf16-mixed``):
 - ``checkpoint``: the policy's part of a checkpoint (its weights or adapter and AdamW's two
   moments), for the record.
 
-The constants were measured on a CPU in float32 (docs/mwra.md: per-phase peaks with
-``benchmarks/memory_peaks.py``).
+The constants were measured on a CPU in float32: what autograd saves, with
+``torch.autograd.graph.saved_tensors_hooks``, and every phase's peak RSS, with
+``benchmarks/memory_peaks.py`` (docs/mwra.md, "The memory model").
 """
 
 from __future__ import annotations
@@ -57,7 +64,23 @@ peak (the backward of one chunk: recomputed logits, their tempered copy, exponen
 
 SAMPLING_LOGIT_COPIES = 2
 """Float32 copies of ``[N, L, V]`` Hugging Face sampling holds at its end: every step's logits
-kept by ``generate``, plus each step's tempered and perturbed scores (1.0-1.6 measured)."""
+kept by ``generate`` (``output_logits``) and the heap they leave (1.0-1.7 measured)."""
+
+SAMPLING_STEP_COPIES = 6
+"""Float32 ``[N, V]`` scores one decoding step holds: the logits, their tempered, filtered and
+perturbed copies, the race's noise and its log."""
+
+ACTIVATION_WIDTHS = (9, 5, 4, 4)
+"""Float32 values one decoder layer saves for the backward per token, as multiples of
+``(h, q, kv, i)``: counted with ``saved_tensors_hooks`` on Gemma 3 (8.8h + 5q + 4kv + 4i: four
+norms, query/key norms, rotary inputs, sdpa's inputs and output, a gated MLP's four), Llama
+(SmolLM2: 0.74x of this bound, the default's: 0.69x) and GPT-2 (0.88x)."""
+
+ALLOCATOR_SLACK = 0.10
+"""The share of a worker's states and largest transient added for what the allocator holds
+beyond them (freed blocks not yet returned within a phase, a backward's own temporaries):
+the real pair's peaks ran up to 4% above the sum of the terms before the loop trimmed the
+freed gradients' heap (docs/mwra.md, "The memory model")."""
 
 TOKENIZER_BYTES_PER_TOKEN = 3584
 """A fast tokenizer and THL's byte table: 1.7 KiB (Tekken) - 3.3 KiB (Mistral v1) per token measured."""
@@ -79,6 +102,9 @@ class ModelShape:
             policy's: its adapter's), what a checkpoint of it holds; None = not counted.
         kv_width: Width of one token's keys (or values) in one layer: key/value heads x head
             size (grouped-query attention keeps fewer than ``hidden``); None = ``hidden``.
+        q_width: Width of one token's queries: heads x head size; None = ``hidden``.
+        intermediate: The MLP's inner width; None = ``4 * hidden``.
+        eager_attention: The model runs eager attention (its scores are saved for the backward).
     """
 
     family: str
@@ -90,6 +116,9 @@ class ModelShape:
     trainable: int | None = None
     state_shapes: dict[str, tuple[int, ...]] | None = None
     kv_width: int | None = None
+    q_width: int | None = None
+    intermediate: int | None = None
+    eager_attention: bool = False
 
 
 def model_shape(config) -> ModelShape:
@@ -111,7 +140,9 @@ def model_shape(config) -> ModelShape:
     return ModelShape(family=getattr(config, "model_type", "?"), params=params, vocab=get("vocab_size"),
                       hidden=hidden, layers=get("num_hidden_layers", "n_layer"), heads=heads,
                       state_shapes={k: tuple(v.shape) for k, v in model.state_dict().items()},
-                      kv_width=kv_heads * head_size or None)
+                      kv_width=kv_heads * head_size or None, q_width=heads * head_size or None,
+                      intermediate=get("intermediate_size", "n_inner") or None,
+                      eager_attention=getattr(model.config, "_attn_implementation", None) == "eager")
 
 
 def logit_elements(policy, rows: int, positions: int, vocab: int) -> int:
@@ -129,12 +160,33 @@ def logit_elements(policy, rows: int, positions: int, vocab: int) -> int:
 
 
 def _sampling_bytes(shape: ModelShape, policy, rows: int, kv_only: bool) -> float:
-    """KV cache of ``rows`` sequences of s tokens, plus the logits ``generate`` keeps (module docstring)."""
+    """The KV cache of ``rows`` sequences of s tokens (twice: it grows by concatenation), one step's
+    scores and the logits ``generate`` keeps (module docstring)."""
     s = policy.max_prompt_length + policy.max_completion_length
-    kv = rows * s * shape.layers * 2 * (shape.kv_width or shape.hidden) * 4
+    kv = 2 * rows * s * shape.layers * 2 * (shape.kv_width or shape.hidden) * 4
     if kv_only:
         return float(kv)
-    return float(kv + SAMPLING_LOGIT_COPIES * 4 * rows * policy.max_completion_length * shape.vocab)
+    return float(kv + 4 * rows * shape.vocab * (SAMPLING_STEP_COPIES + SAMPLING_LOGIT_COPIES
+                                                * policy.max_completion_length))
+
+
+def _layer_bytes(shape: ModelShape, policy, micro: int) -> float:
+    """What one micro-batch's forward keeps for the backward in its layers, bytes (module docstring)."""
+    p, length, g = policy.max_prompt_length, policy.max_completion_length, max(policy.num_generations, 1)
+    h, q, kv = shape.hidden, shape.q_width or shape.hidden, shape.kv_width or shape.hidden
+    per_token = 4 * sum(c * w for c, w in zip(ACTIVATION_WIDTHS, (h, q, kv, shape.intermediate or 4 * h)))
+    shared = getattr(policy, "share_prompt_forward", True) and not (
+        getattr(policy, "gradient_checkpointing", False) or getattr(policy, "fsdp", False)) and micro > 1
+    if shared:  # each distinct prompt once (a micro-batch not a multiple of G may cut one), then every completion
+        distinct = min(micro, -(-micro // g) + (1 if micro % g else 0))
+        tokens, gathered = distinct * p + micro * length, micro * (p + length) * 2 * kv * 4
+    else:
+        tokens, gathered = micro * (p + length), 0
+    scores = micro * shape.heads * (p + length) ** 2 * 2 * 4 if shape.eager_attention else 0
+    one_layer = tokens * per_token + gathered + scores
+    if getattr(policy, "gradient_checkpointing", False):  # each layer's input kept, one layer's activations
+        return float(shape.layers * tokens * 4 * h + one_layer)
+    return float(shape.layers * one_layer)
 
 
 def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int, shards: int = 1, *,
@@ -160,7 +212,6 @@ def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int, shards
     n = policy.num_generations * prompts_per_rank
     micro = min(policy.micro_batch_size or n, n)
     length = policy.max_completion_length
-    s = policy.max_prompt_length + length
     trainable = shape.params if shape.trainable is None else shape.trainable
     adapter = shape.trainable is not None  # a LoRA policy: the reference is the base, no second copy
     sharded = getattr(policy, "fsdp", False) and shards > 1
@@ -169,14 +220,10 @@ def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int, shards
     for key in ("weights", "gradients", "moments", "reference"):
         terms[key] /= shards if sharded else 1  # 1/k of each on each rank of the group
     terms["states"] = terms["weights"] + terms["gradients"] + terms["moments"] + terms["reference"]
-    per_layer = 2 * (34 * s * shape.hidden + 5 * shape.heads * s * s)
-    if getattr(policy, "gradient_checkpointing", False):  # each layer's input kept, one layer's activations
-        layers = micro * (shape.layers * 4 * s * shape.hidden + per_layer)
-    else:
-        layers = micro * shape.layers * per_layer
-    copies = UPDATE_LOGIT_COPIES if logit_elements(policy, micro, length + 1, shape.vocab) == \
-        micro * (length + 1) * shape.vocab else CHUNK_LOGIT_COPIES
-    terms["activations"] = float(layers + copies * 4 * logit_elements(policy, micro, length + 1, shape.vocab))
+    logits = logit_elements(policy, micro, length + 1, shape.vocab)
+    copies = UPDATE_LOGIT_COPIES if logits == micro * (length + 1) * shape.vocab else CHUNK_LOGIT_COPIES
+    head_gradient = 4.0 * shape.vocab * shape.hidden if shape.trainable is None else 0.0  # LoRA: the head is frozen
+    terms["activations"] = _layer_bytes(shape, policy, micro) + copies * 4 * logits + head_gradient
     terms["optimizer_step"] = terms["gradients"]  # foreach AdamW: sqrt(exp_avg_sq), one per trained parameter
     vllm = getattr(policy, "rollout_engine", "hf") != "hf"
     gathered = 4.0 * shape.params if sharded else 0.0  # a sharded policy samples on its full weights

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.mwra.memory import (  # noqa: F401 - also from here
+    ALLOCATOR_SLACK,
     GIB,
     ModelShape,
     largest_transient,
@@ -151,17 +152,18 @@ def memory_options(policy, shape: ModelShape | None, shards: int = 1) -> str:
 def worker_memory_gib(rows: list[PolicyPlacement], rank: int, framework_gib: float) -> float:
     """Estimated peak memory of worker ``rank``, GiB (docs/mwra.md, "The memory model").
 
-    ``framework_gib`` + every policy's resident states + the largest transient of one of its
-    policies (a worker runs its policies' phases one at a time); CPU workers also hold every
-    policy's tokenizer not loaded when the plan was built (:attr:`PolicyPlacement.tokenizer_gib`),
-    host memory a GPU worker does not count.
+    ``framework_gib`` + (every policy's resident states + the largest transient of one of its
+    policies: a worker runs its policies' phases one at a time) x (1 +
+    :data:`~mrl_lightning.mwra.memory.ALLOCATOR_SLACK`); CPU workers also hold every policy's
+    tokenizer not loaded when the plan was built (:attr:`PolicyPlacement.tokenizer_gib`), host
+    memory a GPU worker does not count.
     """
     mine = [r for r in rows if rank in r.ranks and r.memory_gib is not None]
     states = [r.states_gib if r.states_gib is not None else r.memory_gib for r in mine]
     peaks = [r.memory_gib - s for r, s in zip(mine, states)]
     host = bool(mine) and mine[0].device == "cpu"
     tokenizers = sum(r.tokenizer_gib for r in rows) if host else 0.0
-    return framework_gib + sum(states) + tokenizers + max(*peaks, 0.0, 0.0)
+    return framework_gib + tokenizers + (sum(states) + max(*peaks, 0.0, 0.0)) * (1 + ALLOCATOR_SLACK)
 
 
 def validate_resources(
@@ -248,8 +250,8 @@ def format_plan(rows: list[PolicyPlacement], placement: Placement, framework_gib
            line(["-" * w for w in widths])] + [line(b) for b in body]
     totals = ", ".join(f"rank {k}: {worker_memory_gib(rows, k, framework_gib):.2f}"
                        for k in range(min(placement.world_size, 8)))
-    out.append(f"estimated GiB per worker incl. {framework_gib:.2f} GiB measured process footprint "
-               f"(not counted: exchange buffer, allocator slack, CUDA context): {totals}"
+    out.append(f"estimated GiB per worker incl. {framework_gib:.2f} GiB measured process footprint and "
+               f"{ALLOCATOR_SLACK:.0%} allocator slack (not counted: exchange buffer, CUDA context): {totals}"
                + (" ..." if placement.world_size > 8 else ""))
     if any(r.size_is_bound for r in rows):
         out.append("<=: upper bound; a recipe's tokenizer is trained when the model is built and may stop below "

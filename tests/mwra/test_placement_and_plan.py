@@ -137,9 +137,9 @@ def test_a_worker_holds_every_policys_states_but_one_policys_activations_at_a_ti
 
     rows = [PolicyPlacement("a", "gpt2", 1, 1, (0,), "cpu", "s", "32-true", 1, memory_gib=3.0, states_gib=1.0),
             PolicyPlacement("b", "llama", 1, 1, (0, 1), "cpu", "s", "32-true", 1, memory_gib=2.5, states_gib=2.0)]
-    # rank 0 runs both: 0.5 framework + states 1 + 2 + the larger activations (2 vs 0.5)
-    assert worker_memory_gib(rows, 0, 0.5) == pytest.approx(0.5 + 3.0 + 2.0)
-    assert worker_memory_gib(rows, 1, 0.5) == pytest.approx(0.5 + 2.5)
+    # rank 0 runs both: 0.5 framework + (states 1 + 2 + the larger activations, 2 vs 0.5) and 10% allocator slack
+    assert worker_memory_gib(rows, 0, 0.5) == pytest.approx(0.5 + 1.1 * (3.0 + 2.0))
+    assert worker_memory_gib(rows, 1, 0.5) == pytest.approx(0.5 + 1.1 * 2.5)
 
 
 @pytest.mark.parametrize("value, expected", [("1", 1), ("3", 3), ("", None), ("0", None), ("two", None)])
