@@ -11,7 +11,8 @@ a phase is the kernel's high-water mark of the process's resident set (``VmHWM``
 Linux 4.0+): exact, with no sampling to miss a short spike (tracemalloc does not see torch's
 allocations). A phase inside another counts toward both.
 
-Prints, per worker: the plan's estimate (the printed plan's per-worker line), the run's peak
+The run's checkpoints are removed afterwards (``--keep-checkpoints`` keeps them). Prints, per
+worker: the plan's estimate (the printed plan's per-worker line), the run's peak
 and the phase that set it, estimate / peak (the plan's contract: in [1, 1.5]), and every phase's
 peak and the RSS it started from. A JSON summary goes to ``<out>/memory_peaks.json``. Memory
 hardly depends on load; run it under ``flock /tmp/mrl_heavy.lock`` when the models are large.
@@ -23,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -154,6 +156,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench_memory")
     parser.add_argument("--detail", action="store_true", help="also record sampling, log-probs, backward, "
                         "optimizer step and weight loading inside the phases")
+    parser.add_argument("--keep-checkpoints", action="store_true", help="keep the run's checkpoints (removed by "
+                        "default: the real pair's are 4.5 GB each)")
     parser.add_argument("rest", nargs="*", help="more mrl fit arguments (after --)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -168,6 +172,9 @@ def main() -> None:
     with open(args.out / "run.log", "w") as log:
         code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
     text = (args.out / "run.log").read_text()
+    if not args.keep_checkpoints:
+        for folder in (args.out / "runs").glob("*/checkpoints"):
+            shutil.rmtree(folder, ignore_errors=True)
     if code:
         raise SystemExit(f"mrl fit failed with exit code {code}; see {args.out / 'run.log'}")
     summary = summarize(read_phases(prefix), plan_estimates(text))

@@ -72,10 +72,12 @@ def atomic_save(obj: Any, path: str | Path, compress: bool = False, checkpoint: 
             os.unlink(tmp)
         if _disk_full(exc):  # disk full mid-file: name the file and the fix
             last = Path(checkpoint) if checkpoint is not None else path
-            kept = f"the previous {last.name} is untouched" if last.exists() else f"no earlier {last.name} exists"
+            then = (f"the previous {last.name} is untouched. Free disk space (or move default_root_dir), then resume "
+                    f"with --ckpt_path {last.parent / 'last.ckpt'}" if last.exists() else
+                    f"no earlier {last.name} exists. Free disk space (or move default_root_dir), then start the run "
+                    "again")
             raise OSError(errno.ENOSPC, f"No space left on device while writing {path}; the partial file was "
-                          f"removed and {kept}. Free disk space (or move default_root_dir), then resume with "
-                          f"--ckpt_path {last.parent / 'last.ckpt'}.") from exc
+                          f"removed and {then}.") from exc
         raise
 
 

@@ -16,9 +16,11 @@ plain Hugging Face folders of them under ``$MRL_REAL_MODELS`` (``smollm2-135m-in
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -68,7 +70,7 @@ def pair_config(models: dict[str, str], root: Path) -> dict:
     return {
         "seed_everything": 0,
         "trainer": {"max_steps": 2, "default_root_dir": str(root), "log_every_n_steps": 1, "eval_every_n_steps": 100,
-                    "checkpoint_every_n_steps": 1, "keep_checkpoints": 5, "compress_checkpoints": False,
+                    "checkpoint_every_n_steps": 1, "keep_checkpoints": 2, "compress_checkpoints": False,
                     "num_threads": 1, "eval_num_generations": 0, "num_sample_completions": 1,
                     "enable_progress_bar": False, "callbacks": [
                         {"class_path": "mrl_lightning.callbacks.SharedExperienceExchange",
@@ -92,47 +94,61 @@ def _fit(config: Path, version: str, *extra: str, devices: int) -> str:
     return proc.stdout
 
 
+def _digests(path: Path) -> dict[str, dict[str, str]]:
+    """Every policy's weights of a checkpoint, as a sha256 of each tensor's bytes (equal digests: bit-equal)."""
+    state = load_checkpoint(path)
+    return {p: {k: hashlib.sha256(v.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+                for k, v in state["policies"][p]["model"].items()} for p in NAMES}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Straight 2-step runs in one process and on two workers, and a resume of the one-process run's step 1 on
-    two workers; their console output by name."""
+    two workers: their console output, their weights' digests (step 1 and the end) and the manifest of the
+    two workers' last checkpoint. A checkpoint of the pair is 4.5 GB: each is digested and removed once read."""
     models = real_models()
     folder = tmp_path_factory.mktemp("real_pair")
     config = folder / "pair.yaml"
     config.write_text(yaml.safe_dump(pair_config(models, folder / "runs")))
-    out = {"colocated": _fit(config, "colocated", devices=1), "disjoint": _fit(config, "disjoint", devices=2)}
-    step1 = folder / "runs" / "colocated" / "checkpoints" / "step=1.ckpt"
-    out["resumed"] = _fit(config, "resumed", "--ckpt_path", str(step1), devices=2)
-    return folder / "runs", out
-
-
-def _weights(root: Path, version: str, name: str = "last.ckpt") -> dict:
-    state = load_checkpoint(root / version / "checkpoints" / name)
-    return {p: state["policies"][p]["model"] for p in NAMES}
+    root = folder / "runs"
+    out, digests = {}, {}
+    out["colocated"] = _fit(config, "colocated", devices=1)
+    ckpts = root / "colocated" / "checkpoints"
+    digests["colocated"], digests["step 1"] = _digests(ckpts / "last.ckpt"), _digests(ckpts / "step=1.ckpt")
+    for name in ("last.ckpt", "step=2.ckpt"):  # step 1 is kept for the resume
+        (ckpts / name).unlink()
+    shutil.rmtree(ckpts / "step=2.parts")
+    out["disjoint"] = _fit(config, "disjoint", "--trainer.checkpoint_every_n_steps", "0", devices=2)
+    last = root / "disjoint" / "checkpoints" / "last.ckpt"
+    digests["disjoint"], manifest = _digests(last), load_checkpoint(last, policies=())
+    shutil.rmtree(last.parent)
+    out["resumed"] = _fit(config, "resumed", "--ckpt_path", str(ckpts / "step=1.ckpt"),
+                          "--trainer.checkpoint_every_n_steps", "0", devices=2)
+    digests["resumed"] = _digests(root / "resumed" / "checkpoints" / "last.ckpt")
+    shutil.rmtree(root / "resumed" / "checkpoints")
+    shutil.rmtree(ckpts)
+    return {"root": root, "out": out, "digests": digests, "manifest": manifest}
 
 
 def _assert_equal(a: dict, b: dict, what: str) -> None:
     for policy in NAMES:
         assert a[policy].keys() == b[policy].keys()
-        differ = [k for k in a[policy] if not torch.equal(a[policy][k], b[policy][k])]
+        differ = [k for k in a[policy] if a[policy][k] != b[policy][k]]
         assert not differ, f"{what}: {policy} differs in {len(differ)} tensors, e.g. {differ[:3]}"
 
 
 def test_two_workers_train_the_real_pair_as_one_process_does(runs):
-    root, _ = runs
-    colocated, disjoint = _weights(root, "colocated"), _weights(root, "disjoint")
-    _assert_equal(colocated, disjoint, "disjoint 2 workers vs colocated 1 process")
-    first = _weights(root, "colocated", "step=1.ckpt")
+    d = runs["digests"]
+    _assert_equal(d["colocated"], d["disjoint"], "disjoint 2 workers vs colocated 1 process")
     for policy in NAMES:  # the second step moved every policy
-        assert any(not torch.equal(first[policy][k], v) for k, v in colocated[policy].items()), policy
-    manifest = load_checkpoint(root / "disjoint" / "checkpoints" / "last.ckpt", policies=())
-    assert manifest["policies"] == {} and sorted(manifest["parts"]) == sorted(NAMES)
+        assert d["step 1"][policy] != d["colocated"][policy], policy
+    # the checkpoint is a manifest without weights and one part per policy, written by its own worker
+    assert runs["manifest"]["policies"] == {} and sorted(runs["manifest"]["parts"]) == sorted(NAMES)
 
 
 def test_a_resume_in_the_other_placement_ends_bit_equal(runs):
-    root, out = runs
-    assert "Resumed from" in out["resumed"]
-    _assert_equal(_weights(root, "colocated"), _weights(root, "resumed"), "resumed on 2 workers from step 1")
+    assert "Resumed from" in runs["out"]["resumed"]
+    _assert_equal(runs["digests"]["colocated"], runs["digests"]["resumed"], "resumed on 2 workers from step 1")
 
 
 def _plan(stdout: str) -> list[float]:
@@ -144,7 +160,7 @@ def _plan(stdout: str) -> list[float]:
 def test_every_workers_peak_memory_is_under_the_plan_and_within_one_and_a_half_times(runs, version, workers):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    root, out = runs
+    root, out = runs["root"], runs["out"]
     events = EventAccumulator(str(root / version))
     events.Reload()
     plan = _plan(out[version])
