@@ -1,7 +1,8 @@
 """The real pair end to end: SmolLM2-135M-Instruct and Gemma-3-270M (base) trained together (docs/mwra.md, "The real pair").
 
 Slow (``-m slow``; CI's slow step): ``mrl fit`` for 2 steps of 4 prompts x 4 completions x 32
-tokens, float32, full fine-tuning, SGT on, in both placements: one process (colocated) and
+tokens, float32, full fine-tuning, SGT on, rewarded by a hash of the text (every group has
+variance, so both policies move), in both placements: one process (colocated) and
 the default two workers (disjoint, one policy each, one thread each). They must give
 bit-equal weights (sampling streams are keyed by prompt, not by rank), a resume from step 1
 in the other placement must end bit-equal too, and every worker's peak memory must stay
@@ -65,8 +66,6 @@ def pair_config(models: dict[str, str], root: Path) -> dict:
     ]
     part = {"dataset": "basic_arithmetic", "config": {"min_terms": 2, "max_terms": 2, "allow_parentheses": False,
                                                        "allow_negation": False}}
-    # 1-digit sums and products: Gemma solves some (its groups get advantages), SmolLM2, which answers in words,
-    # none under the strict verifier: SGT hands it Gemma's successes, so both policies move in each step
     parts = [{**part, "name": "add", "config": {**part["config"], "min_digits": 1, "max_digits": 1, "operators": ["+"]}},
              {**part, "name": "mul", "config": {**part["config"], "min_digits": 1, "max_digits": 1, "operators": ["*"]}}]
     return {
@@ -80,15 +79,17 @@ def pair_config(models: dict[str, str], root: Path) -> dict:
                                        "rollouts_of_successes_only": True}},
                         {"class_path": "mrl_lightning.callbacks.SuccessGatedTransfer",
                          "init_args": {"lambda_sgt": 0.3, "kappa": 0.5, "max_grad_share": 0.3}}]},
-        "model": {"reward_funcs": [{"class_path": "mrl_lightning.rewards.ReasoningGymAccuracy",
-                                    "init_args": {"strict": True}}], "policies": policies},
+        # a hash of the text (tests/e2e/e2e_rewards.py): variance in every group, so both policies move in each
+        # step and SGT sends successes between the two tokenizers; the strict verifier gives these models none
+        # in two steps (SmolLM2 answers in words, Gemma writes on past its answer) and so no gradient at all
+        "model": {"reward_funcs": [{"class_path": "e2e_rewards.HashReward"}], "policies": policies},
         "data": {"class_path": "mrl_lightning.data.ReasoningGymDataModule",
                  "init_args": {"batch_size": 4, "train_size": 64, "eval_size": 2, "seed": 0, "parts": parts}},
     }
 
 
 def _fit(config: Path, version: str, *extra: str, devices: int) -> str:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(REPO / "tests" / "e2e"), str(REPO)]))
     args = [sys.executable, "-m", "mrl_lightning.cli", "fit", "--config", str(config), "--trainer.version", version,
             "--trainer.devices", str(devices), *extra]
     proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=1800, start_new_session=True)
