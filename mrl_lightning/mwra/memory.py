@@ -23,7 +23,8 @@ adapter's), float32 (``32-true``, or the master weights of ``bf16-mixed``):
     them in chunks (:func:`logit_elements`); plus one ``[V, h]`` gradient of the output head
     (tied to the embedding, or accumulated chunk by chunk, it arrives twice);
   - ``optimizer_step``: 4·T, the one temporary of foreach AdamW (``sqrt`` of the second
-    moments) beside every resident state;
+    moments) beside every resident state (none with ``fused_optimizer``: the fused kernel
+    steps each tensor in place);
   - ``kv_cache``: sampling a step's rollouts with the Hugging Face engine: the KV cache
     ``N·s·layers·2·kv·4`` twice (it grows by concatenation), :data:`SAMPLING_STEP_COPIES`
     float32 ``[N, V]`` scores of one decoding step, and :data:`SAMPLING_LOGIT_COPIES` copies
@@ -224,7 +225,8 @@ def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int, shards
     copies = UPDATE_LOGIT_COPIES if logits == micro * (length + 1) * shape.vocab else CHUNK_LOGIT_COPIES
     head_gradient = 4.0 * shape.vocab * shape.hidden if shape.trainable is None else 0.0  # LoRA: the head is frozen
     terms["activations"] = _layer_bytes(shape, policy, micro) + copies * 4 * logits + head_gradient
-    terms["optimizer_step"] = terms["gradients"]  # foreach AdamW: sqrt(exp_avg_sq), one per trained parameter
+    # foreach AdamW: sqrt(exp_avg_sq), one per trained parameter; the fused kernel steps each tensor in place
+    terms["optimizer_step"] = 0.0 if getattr(policy, "fused_optimizer", False) else terms["gradients"]
     vllm = getattr(policy, "rollout_engine", "hf") != "hf"
     gathered = 4.0 * shape.params if sharded else 0.0  # a sharded policy samples on its full weights
     terms["kv_cache"] = _sampling_bytes(shape, policy, n, vllm) + gathered

@@ -91,6 +91,10 @@ def test_the_optimizer_step_can_be_a_policys_largest_transient():
     big = ModelShape("llama", params=100_000_000, vocab=100, hidden=8, layers=1, heads=1)
     states, peak = policy_memory_parts(big, _policy(), 1)
     assert (states, peak) == (16 * 100_000_000, 4 * 100_000_000)
+    # the fused kernel has no temporary: the update's activations are the peak again
+    fused = policy_memory_terms(big, _policy(fused_optimizer=True), 1)
+    assert fused["optimizer_step"] == 0 and policy_memory_parts(big, _policy(fused_optimizer=True), 1)[1] == \
+        fused["activations"]
 
 
 def test_a_gzipped_checkpoint_write_holds_two_copies_of_the_largest_tensor():
