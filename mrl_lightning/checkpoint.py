@@ -9,6 +9,16 @@ writes the run's ``config.yaml`` too), so a crash or a full disk mid-write never
 the last good checkpoint nor leaves a partial file. With ``compress`` the file is the same
 ``torch.save`` bytes through gzip (zlib level 1): lossless, so resume stays exact; :func:`load_checkpoint`
 tells the two apart by the gzip magic bytes, so either kind resumes whatever the setting.
+
+Layout (format version 3): ``last.ckpt`` / ``step=<k>.ckpt`` is the checkpoint's *manifest*
+(counters, callbacks, data, RNG, placement, fingerprint and ``parts``: policy name ->
+its part file); each policy's weights and optimizer state are a *part* of their own,
+``step=<k>.parts/<policy>.pt``, written by the policy's group leader
+(:mod:`mrl_lightning.run_checkpoint`). A part names its policy and step, and every part
+is complete on disk before the manifest that names it is renamed into place, so a
+manifest never names parts of another step or a part still being written.
+:func:`load_checkpoint` reads the manifest and the parts asked for; versions 1 and 2 (one
+file holding every policy) still load.
 """
 
 from __future__ import annotations
@@ -30,7 +40,7 @@ from mrl_lightning.writable import disk_full_in, free_space_text
 GZIP_MAGIC = b"\x1f\x8b"
 
 
-def atomic_save(obj: Any, path: str | Path, compress: bool = False) -> None:
+def atomic_save(obj: Any, path: str | Path, compress: bool = False, checkpoint: str | Path | None = None) -> None:
     """``torch.save`` to ``path`` atomically (temp file + fsync + rename: :func:`atomic_write`).
 
     Args:
@@ -39,6 +49,8 @@ def atomic_save(obj: Any, path: str | Path, compress: bool = False) -> None:
         compress: Write the bytes through gzip (zlib level 1). Lossless; float32 weights and
             AdamW moments shrink by ~11% (docs/loop.md, "Checkpoints"), at ~25-30 MB/s of
             checkpoint on one core of the reference CPU.
+        checkpoint: The manifest (``last.ckpt``) this file is a part of, named in the disk-full
+            message; None = ``path`` itself.
 
     Raises:
         OSError: the disk filled up mid-write (``ENOSPC``; the message names the file and the
@@ -53,10 +65,11 @@ def atomic_save(obj: Any, path: str | Path, compress: bool = False) -> None:
             torch.save(obj, fh)
 
     path = Path(path)
+    last = Path(checkpoint) if checkpoint is not None else path  # the file a resume names (a part's manifest)
     room = "free disk space (or move trainer.default_root_dir to a disk with room)"
     atomic_write(path, write, lambda: (
-        f"the previous {path.name} is untouched: {room}, then resume with --ckpt_path {path}." if path.exists() else
-        f"no earlier {path.name} exists, so this run cannot be resumed: {room}, then start the run again."))
+        f"the previous {last.name} is untouched: {room}, then resume with --ckpt_path {last}." if last.exists() else
+        f"no earlier {last.name} exists, so this run cannot be resumed: {room}, then start the run again."))
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], if_full: Callable[[], str]) -> None:
@@ -93,54 +106,150 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], if_full: C
         raise
 
 
-FORMAT_VERSION = 2
-"""Version 2: ``rng`` holds every rank's generator states (``{"ranks": [...]}``) and
-``placement`` the ranks per policy; version 1 (one process) is read too."""
+FORMAT_VERSION = 3
+"""Version 3: a manifest plus one part file per policy (``parts``; module docstring). Version 2:
+one file, ``rng`` holding every rank's generator states (``{"ranks": [...]}``) and ``placement``
+the ranks per policy; version 1 (one process). All three are read."""
+
+PART_FORMAT = "mrl-lightning-part"
+"""The ``format`` marker of a policy's part file."""
+
+_HINT = "Checkpoints are written to <run folder>/checkpoints/ (e.g. runs/default/version_0/checkpoints/last.ckpt)."
 
 
 class CheckpointError(ConfigError):
     """``--ckpt_path`` cannot be resumed from (missing, unreadable or from another config)."""
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint written by :func:`atomic_save` (weights-only).
-
-    Raises:
-        CheckpointError: no file at ``path``, a folder, a truncated / corrupted file, or a
-            file that is not an mrl-lightning checkpoint (each says how to fix it).
-    """
-    path = Path(path).expanduser()
-    hint = "Checkpoints are written to <run folder>/checkpoints/ (e.g. runs/default/version_0/checkpoints/last.ckpt)."
-    if path.is_dir():
-        raise CheckpointError(f"ckpt_path={str(path)!r} is a folder; give a .ckpt file in it. {hint}")
-    if not path.is_file():
-        raise CheckpointError(f"ckpt_path={str(path)!r} does not exist. {hint}")
+def _read(path: Path, what: str) -> Any:
+    """``torch.load`` (weights-only) of a plain or gzipped file; any failure is a :class:`CheckpointError`."""
     try:
         with open(path, "rb") as fh:
             compressed = fh.read(2) == GZIP_MAGIC
         if compressed:  # written with compress=True: the torch.save bytes, gzipped
             with gzip.open(path, "rb") as stream:
-                state = torch.load(io.BytesIO(stream.read()), map_location="cpu", weights_only=True)
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
+                return torch.load(io.BytesIO(stream.read()), map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise
     except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same advice
         first = str(exc).splitlines()[0] if str(exc) else "empty or truncated file"
         if "weights_only" in first:  # torch's advice to unpickle arbitrary code is never right for a checkpoint
             first = "its contents are not a weights-only torch.save file"
         raise CheckpointError(
-            f"ckpt_path={str(path)!r} could not be read ({type(exc).__name__}: {first}). "
+            f"{what} could not be read ({type(exc).__name__}: {first}). "
             "It is truncated, corrupted or not an mrl-lightning checkpoint; resume from another file in the same "
             "checkpoints/ folder (step=<k>.ckpt or last.ckpt)."
         ) from exc
+
+
+def load_checkpoint(path: str | Path, policies: list[str] | tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Load a checkpoint written by :mod:`mrl_lightning.run_checkpoint` (weights-only; docs/loop.md, "Checkpoints").
+
+    Args:
+        path: ``last.ckpt`` or ``step=<k>.ckpt`` (a manifest, or an older single file).
+        policies: The policies whose parts to load into ``state["policies"]`` (names the
+            checkpoint does not hold are ignored); None = every policy, ``()`` = the manifest
+            only (:func:`load_policy_parts` loads parts later). A single-file checkpoint holds
+            every policy whatever is asked.
+
+    Returns:
+        The checkpoint: ``counters``, ``policies`` (name -> ``{"model", "optimizer"}``, those
+        loaded), ``callbacks``, ``data``, ``rng``, ``placement``, ``fingerprint`` and, from
+        version 3, ``parts``.
+
+    Raises:
+        CheckpointError: no file at ``path``, a folder, a truncated / corrupted file, a file that
+            is not an mrl-lightning checkpoint, or a part missing or of another step (each says
+            how to fix it).
+    """
+    path = Path(path).expanduser()
+    for attempt in range(3):
+        state = _load_manifest(path)
+        try:
+            load_policy_parts(state, checkpoint_policies(state) if policies is None else list(policies), path)
+            return state
+        except CheckpointError as exc:
+            # the run replaced this manifest and removed the parts it named while we read them: read it again
+            if not getattr(exc, "replaced", False) or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _load_manifest(path: Path) -> dict[str, Any]:
+    field = f"ckpt_path={str(path)!r}"
+    if path.is_dir():
+        raise CheckpointError(f"{field} is a folder; give a .ckpt file in it. {_HINT}")
+    try:
+        state = _read(path, field)
+    except FileNotFoundError:
+        raise CheckpointError(f"{field} does not exist. {_HINT}") from None
     if not isinstance(state, dict) or state.get("format") != "mrl-lightning":
-        raise CheckpointError(f"ckpt_path={str(path)!r} is not an mrl-lightning checkpoint (no 'format' marker). {hint}")
+        raise CheckpointError(f"{field} is not an mrl-lightning checkpoint (no 'format' marker). {_HINT}")
     version = state.get("version")
     if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise CheckpointError(f"ckpt_path={str(path)!r} has checkpoint format version {version!r}, newer than this "
+        raise CheckpointError(f"{field} has checkpoint format version {version!r}, newer than this "
                               f"mrl-lightning reads ({FORMAT_VERSION}); upgrade mrl-lightning to resume from it.")
     if version == 1:  # one process: its RNG state becomes rank 0's
         state["rng"] = {"ranks": [dict(state["rng"], cuda=[])]}
+    state.setdefault("policies", {})
     return state
+
+
+def checkpoint_policies(state: dict[str, Any]) -> list[str]:
+    """The policy names a checkpoint holds (its parts' from version 3, else its ``policies``), in its order."""
+    return list(state["parts"]) if isinstance(state.get("parts"), dict) else list(state["policies"])
+
+
+def load_policy_parts(state: dict[str, Any], names: list[str], path: str | Path) -> None:
+    """Load the named policies' part files into ``state["policies"]`` (already there: left as they are).
+
+    Args:
+        state: A checkpoint from :func:`load_checkpoint` (its ``parts``).
+        names: Policy names; those the checkpoint does not hold are skipped.
+        path: The manifest ``state`` was read from (its parts are named relative to its folder).
+
+    Raises:
+        CheckpointError: a part file is missing (with ``replaced`` True when the manifest at
+            ``path`` is no longer ``state``'s: its run wrote a newer checkpoint and removed the
+            old parts), unreadable, or of another policy or step than the manifest names.
+    """
+    parts = state.get("parts")
+    if not isinstance(parts, dict):
+        return  # a single file: every policy is in it
+    manifest = Path(path).expanduser()
+    step = int(state["counters"]["global_step"])
+    for name in names:
+        if name in state["policies"] or name not in parts:
+            continue
+        file = manifest.parent / parts[name]["file"]
+        what = f"the part of policy {name!r} of ckpt_path={str(manifest)!r} ({file})"
+        try:
+            part = _read(file, what)
+        except FileNotFoundError:
+            replaced = _replaced(manifest, state)
+            error = CheckpointError(
+                f"{what} is missing. A checkpoint is its manifest ({manifest.name}) and its folder "
+                f"{Path(parts[name]['file']).parent}/ beside it: copy or keep both"
+                + ("; this manifest was replaced by a newer checkpoint while it was read, read it again." if replaced
+                   else "."))
+            error.replaced = replaced
+            raise error from None
+        if not isinstance(part, dict) or part.get("format") != PART_FORMAT or part.get("policy") != name \
+                or int(part.get("step", -1)) != step:
+            got = (part.get("policy"), part.get("step")) if isinstance(part, dict) else None
+            raise CheckpointError(f"{what} is not the part the manifest names (policy {name!r}, step {step}; the file "
+                                  f"holds {got}); resume from another step=<k>.ckpt in the same folder.")
+        state["policies"][name] = {"model": part["model"], "optimizer": part["optimizer"]}
+
+
+def _replaced(manifest: Path, state: dict[str, Any]) -> bool:
+    """Whether the manifest at ``manifest`` now names other parts or another step than ``state``."""
+    try:
+        now = _read(manifest, str(manifest))
+    except (FileNotFoundError, CheckpointError):
+        return True
+    return now.get("parts") != state.get("parts") or now.get("counters") != state.get("counters")
 
 
 def fingerprint(state: dict[str, Any]) -> dict[str, Any]:
@@ -221,7 +330,7 @@ def check_compatible(state: dict[str, Any], policy_names: list[str], max_steps: 
     if path is not None:
         made_with = str(Path(path).expanduser().absolute().parent.parent / "config.yaml")
     field = f"ckpt_path={str(path)!r}" if path is not None else "the checkpoint"
-    saved = sorted(state["policies"])
+    saved = sorted(checkpoint_policies(state))
     if saved != sorted(policy_names):
         raise CheckpointError(f"the checkpoint holds policies {saved} but model.policies names {sorted(policy_names)}; "
                               f"resume with the config the checkpoint was made with ({made_with}).")

@@ -47,7 +47,7 @@ def export_policy(run: str | Path, policy_name: str, out: str | Path, ckpt_path:
     problem = write_problem(out)
     if problem is not None:
         raise ConfigError(f"--out {str(out)!r} cannot be written ({problem}); give a folder you can write.")
-    state = load_checkpoint(ckpt_path or run / "checkpoints" / "last.ckpt")
+    state = load_checkpoint(ckpt_path or run / "checkpoints" / "last.ckpt", policies=[policy_name])
     cli = build_only(config)
     if policy_name not in cli.model.policies:
         raise ConfigError(f"--policy {policy_name!r} is not a policy of this run; its policies: "

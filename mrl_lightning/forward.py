@@ -169,7 +169,9 @@ def shared_prefix_cache(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask:
         return {}
     mask = prompt_mask[:, :-1].long()
     position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
-    out = model(input_ids=prompt_ids[:, :-1], attention_mask=mask, position_ids=position_ids, use_cache=True)
+    # only the cache is used: logits of one position, not [B, P - 1, V] (1.3 GB for 32 prompts of 40 tokens at V = 262,144)
+    out = model(input_ids=prompt_ids[:, :-1], attention_mask=mask, position_ids=position_ids, use_cache=True,
+                logits_to_keep=1)
     cache = _output_cache(out)
     cache.batch_repeat_interleave(repeats)
     return {_cache_kwarg(model): cache}

@@ -377,7 +377,7 @@ def check_before_build(trainer, model, datamodule, ckpt_path: str | None) -> Che
     shapes, shape_errors = plan_shapes(policies, datamodule)  # configs only (LoRA on the meta device)
     shape_errors += sharding_errors(placement, policies, datamodule.batch_size)
     _raise("Invalid policy config", errors + shape_errors)
-    checkpoint = load_checkpoint(ckpt_path) if ckpt_path else None
+    checkpoint = load_checkpoint(ckpt_path, policies=()) if ckpt_path else None  # the manifest: parts at restore
     if checkpoint is not None:
         check_compatible(checkpoint, list(policies), trainer.max_steps,
                          data_parts=[part.name for part in datamodule.parts],
@@ -385,7 +385,9 @@ def check_before_build(trainer, model, datamodule, ckpt_path: str | None) -> Che
                          path=ckpt_path)
     plan_text, threads = plan_resources(placement, shapes, policies, datamodule.batch_size, fabric.device.type,
                                         type(fabric.strategy).__name__, trainer.precision, trainer.devices_per_node,
-                                        trainer.num_threads)
+                                        trainer.num_threads, eval_prompts=eval_prompts(datamodule),
+                                        eval_generations=trainer.eval_num_generations,
+                                        compress=trainer.compress_checkpoints)
     plan_text += source_lines(policies, datamodule)
     if fabric.global_rank == 0:
         check_run_folder(trainer.log_dir, trainer.default_root_dir)
@@ -399,6 +401,17 @@ def source_lines(policies: dict, datamodule) -> str:
     lines = [line for p in policies.values() if isinstance(p.model_source, ModelRecipe)
              and (line := p.model_source.describe(p, datamodule))]
     return "\nModel sources:\n" + "\n".join(f"  {line}" for line in lines) if lines else ""
+
+
+def eval_prompts(datamodule) -> int:
+    """Held-out prompts of the data's largest part, as the config gives them before the data loads: the
+    module's ``eval_size``, else its parts' largest ``eval_size``; 0 when unknown (a part evaluating on every
+    row of its ``eval_source``), so the plan does not count evaluation (docs/mwra.md, "The memory model")."""
+    size = getattr(datamodule, "eval_size", None)
+    if isinstance(size, int) and size > 0:
+        return size
+    sizes = [getattr(part, "eval_size", 0) for part in getattr(datamodule, "parts", [])]
+    return max([s for s in sizes if isinstance(s, int)], default=0)
 
 
 def _expected_models(policies: dict, shapes: dict, datamodule) -> dict[str, dict[str, Any]]:

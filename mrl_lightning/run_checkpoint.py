@@ -1,31 +1,41 @@
-"""What a run's checkpoint holds, how the ranks assemble and restore it, and its run folder (docs/loop.md).
+"""What a run's checkpoint holds, how the ranks write and restore it, and its run folder (docs/loop.md).
 
-A checkpoint holds, per policy, its model (every weight, or a LoRA policy's adapter only:
-:meth:`~mrl_lightning.policy.PolicyModule.weights_state_dict`; an FSDP policy's full tensors,
-gathered in its group) and optimizer state (from the policy's group leader), every callback's state (merged over ranks by the callback,
-:meth:`~mrl_lightning.callbacks.base.MRLCallback.merge_rank_states`), the data position,
-the counters, every rank's RNG states, the placement, and a fingerprint of the config
-(each policy's family, kind, LoRA alpha and parameter shapes, the data parts) that a resume compares
-with its own config before building anything
-(:func:`~mrl_lightning.checkpoint.check_compatible`). Rank 0 writes ``last.ckpt``
-atomically (:func:`mrl_lightning.checkpoint.atomic_save`) and hard-links ``step=<k>.ckpt``
-to it; the others wait at a barrier. Only weights-only-loadable values go in
-(tensors, numbers, strings, containers); policy states cross ranks as ``torch.save`` bytes
-so tied weights stay one storage.
+A checkpoint is a manifest, ``last.ckpt`` (hard-linked as ``step=<k>.ckpt``), and one part
+file per policy, ``step=<k>.parts/<policy>.pt``. A part holds the policy's model (every
+weight, or a LoRA policy's adapter only: :meth:`~mrl_lightning.policy.PolicyModule.weights_state_dict`;
+an FSDP policy's full tensors, gathered in its group) and optimizer state, and is written by
+the policy's group leader itself: no policy's state crosses to rank 0. The manifest holds
+what is small and shared: every callback's state (merged over ranks by the callback,
+:meth:`~mrl_lightning.callbacks.base.MRLCallback.merge_rank_states`), the data position, the
+counters, every rank's RNG states, the placement, the parts' file names and a fingerprint of
+the config (each policy's family, kind, LoRA alpha and parameter shapes, the data parts) that a resume
+compares with its own config before building anything
+(:func:`~mrl_lightning.checkpoint.check_compatible`); rank 0 gathers it and writes it.
+
+Order, so that a reader never sees a manifest naming parts of two steps, and a kill at any
+moment leaves the previous checkpoint whole: every leader writes its parts atomically
+(:func:`mrl_lightning.checkpoint.atomic_save`) into the new step's own folder; only then
+does it send its small state to rank 0 (so rank 0 has it only once every part is on disk);
+rank 0 writes the manifest atomically over ``last.ckpt``, links the step file to it, and
+only then removes the step files beyond ``keep_checkpoints`` and the parts folders no
+remaining manifest names; the others wait at a barrier. Only weights-only-loadable values
+go in (tensors, numbers, strings, containers).
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
+import shutil
 from pathlib import Path
+from urllib.parse import quote
 from typing import Any, Callable
 
 import torch
 
-from mrl_lightning.checkpoint import FORMAT_VERSION, CheckpointError, atomic_save, atomic_write
+from mrl_lightning.checkpoint import (FORMAT_VERSION, PART_FORMAT, CheckpointError, atomic_save, atomic_write,
+                                       load_policy_parts)
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.mwra import rng_state, set_rng_state
 from mrl_lightning.mwra.sharding import full_state, is_sharded, load_full_state
@@ -53,27 +63,41 @@ def check_run_folder(log_dir: str, root_dir: str | None = None) -> None:
                           "there. Give a folder you can write: --trainer.default_root_dir <folder>.")
 
 
+def part_file(step: int, policy: str) -> str:
+    """A policy's part file of the checkpoint at ``step``, relative to the checkpoints folder
+    (``step=<k>.parts/<policy>.pt``; characters other than letters, digits, ``-``, ``_`` and
+    ``.`` are %-escaped, so any policy name gives one file of its own)."""
+    return f"step={step}.parts/{quote(policy, safe='')}.pt"
+
+
 def save_run_checkpoint(folder: Path, step: int, *, workers, policies: dict, optimizers: dict, callbacks: list,
                         counters: dict[str, Any], data_state: dict, compress: bool, keep: int) -> Path:
-    """Gather the run's state from every rank; rank 0 writes ``last.ckpt`` and ``step=<step>.ckpt``.
+    """Write the run's checkpoint at ``step``: each policy's part from its group leader, the manifest from rank 0.
+
+    The order is the module docstring's: parts, then the small state to rank 0, then the
+    manifest, then the removal of what no kept checkpoint names.
 
     Args:
-        folder: ``<run folder>/checkpoints``.
-        step: The global step (names the step file).
+        folder: ``<run folder>/checkpoints`` (shared by every rank: on several nodes, a shared file system).
+        step: The global step (names the step file and its parts folder).
         workers: This rank's :class:`~mrl_lightning.mwra.Workers`.
         policies: Policy name -> :class:`~mrl_lightning.policy.PolicyModule`.
         optimizers: Policy name -> its optimizer, for the policies this rank runs.
         callbacks: The callbacks, in list order.
         counters: The loop's counters (``global_step``, ``rollout_step``, ``samples_seen``, ``optimizer_steps``).
         data_state: The data module's ``state_dict()``.
-        compress: gzip the file (lossless).
+        compress: gzip the files (lossless).
         keep: Step files kept besides ``last.ckpt``.
 
     Returns:
         The step file's path (on every rank).
+
+    Raises:
+        OSError: a file could not be written (disk full: :func:`~mrl_lightning.checkpoint.atomic_save`);
+            the previous checkpoint is left whole.
     """
     path = folder / f"step={step}.ckpt"
-    states, families = {}, {}
+    written = {}
     for name in workers.local_policies:
         if is_sharded(policies[name].model):  # FSDP: every rank of the group gathers the full tensors
             part = {"model": full_state(policies[name].model.state_dict()),
@@ -83,34 +107,38 @@ def save_run_checkpoint(folder: Path, step: int, *, workers, policies: dict, opt
         else:
             continue
         if workers.is_leader(name):
-            states[name] = part
-            families[name] = getattr(getattr(policies[name].model, "config", None), "model_type", None)
-    local = {"policies": states, "callbacks": {cb.state_key: cb.state_dict() for cb in callbacks}, "rng": rng_state(),
-             "families": families}
-    if workers.distributed:  # torch.save keeps tied weights one storage; pickling for the gather would not
-        local["policies"] = {name: _pack(part) for name, part in local["policies"].items()}
-    gathered = workers.gather_to_zero(local, "checkpoint")
-    if gathered is not None and workers.distributed:
-        for g in gathered:
-            g["policies"] = {name: _unpack(part) for name, part in g["policies"].items()}
+            file = part_file(step, name)
+            try:
+                atomic_save({"format": PART_FORMAT, "version": FORMAT_VERSION, "policy": name, "step": step, **part},
+                            folder / file, compress=compress, checkpoint=folder / "last.ckpt")
+            except BaseException:
+                with contextlib.suppress(OSError):  # leave no empty folder of a step never written
+                    (folder / file).parent.rmdir()
+                raise
+            written[name] = {"file": file, "family": getattr(getattr(policies[name].model, "config", None),
+                                                              "model_type", None),
+                             "shapes": {key: list(value.shape) for key, value in part["model"].items()}}
+        del part
+    local = {"parts": written, "callbacks": {cb.state_key: cb.state_dict() for cb in callbacks}, "rng": rng_state()}
+    gathered = workers.gather_to_zero(local, "checkpoint")  # each rank sends once its parts are on disk
     if gathered is not None:
+        found = {name: entry for g in gathered for name, entry in g["parts"].items()}
+        order = [name for name in workers.placement.groups if name in found]
         state = {
             "format": "mrl-lightning", "version": FORMAT_VERSION, "counters": counters,
-            "policies": {name: part for g in gathered for name, part in g["policies"].items()},
+            "parts": {name: {"file": found[name]["file"]} for name in order},
             "callbacks": {cb.state_key: cb.merge_rank_states([g["callbacks"][cb.state_key] for g in gathered])
                           for cb in callbacks},
             "data": data_state,
             "rng": {"ranks": [g["rng"] for g in gathered]},
             "placement": {"mode": workers.placement.mode,
                           "groups": {k: list(v) for k, v in workers.placement.groups.items()}},
-        }
-        families = {name: family for g in gathered for name, family in g["families"].items()}
-        state["fingerprint"] = {  # compared with the config before a resume builds anything (check_compatible)
-            "policies": {name: {"family": families.get(name), "adapter": bool(policies[name].use_peft),
-                                "lora_alpha": float(policies[name].lora_alpha) if policies[name].use_peft else None,
-                                "shapes": {key: list(value.shape) for key, value in part["model"].items()}}
-                         for name, part in state["policies"].items()},
-            "data_parts": sorted(data_state.get("position", {})),
+            "fingerprint": {  # compared with the config before a resume builds anything (check_compatible)
+                "policies": {name: {"family": found[name]["family"], "adapter": bool(policies[name].use_peft),
+                                    "lora_alpha": float(policies[name].lora_alpha) if policies[name].use_peft else None,
+                                    "shapes": found[name]["shapes"]} for name in order},
+                "data_parts": sorted(data_state.get("position", {})),
+            },
         }
         _write(state, folder, path, compress, keep)
     workers.barrier("checkpoint")
@@ -129,15 +157,21 @@ def _write(state: dict[str, Any], folder: Path, path: Path, compress: bool, keep
     os.replace(tmp, path)
     old = sorted(folder.glob("step=*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
     for stale in old[: -keep]:
-        stale.unlink()
+        stale.unlink()  # the manifest first: a step file never names a removed part
+    named = {Path(entry["file"]).parent.name for entry in state["parts"].values()}
+    named |= {f"{p.stem}.parts" for p in folder.glob("step=*.ckpt")}
+    for parts in folder.glob("step=*.parts"):
+        if parts.name not in named:  # a removed step's parts, or an interrupted checkpoint's
+            shutil.rmtree(parts, ignore_errors=True)
 
 
-def restore_run_checkpoint(state: dict[str, Any], *, workers, policies: dict, optimizers: dict, callbacks: list,
-                           datamodule, rank: int, note: Callable[[str], None]) -> dict[str, Any]:
+def restore_run_checkpoint(state: dict[str, Any], path: str | Path, *, workers, policies: dict, optimizers: dict,
+                           callbacks: list, datamodule, rank: int, note: Callable[[str], None]) -> dict[str, Any]:
     """Load a checkpoint's policies (this rank's), optimizers, callbacks, data position and RNG state.
 
     Args:
-        state: A loaded checkpoint (:func:`mrl_lightning.checkpoint.load_checkpoint`).
+        state: A loaded checkpoint (:func:`mrl_lightning.checkpoint.load_checkpoint`; its manifest suffices).
+        path: The file ``state`` was read from (``--ckpt_path``): its parts are named relative to its folder.
         workers: This rank's :class:`~mrl_lightning.mwra.Workers`.
         policies: Policy name -> policy (built).
         optimizers: Policy name -> its optimizer, for this rank's policies.
@@ -150,10 +184,17 @@ def restore_run_checkpoint(state: dict[str, Any], *, workers, policies: dict, op
         The checkpoint's counters.
 
     Raises:
-        CheckpointError: a policy's weights do not fit the configured model.
+        CheckpointError: a part of this rank's policies is missing, unreadable or of another
+            step (:func:`~mrl_lightning.checkpoint.load_policy_parts`), or a policy's weights do
+            not fit the configured model.
+
+    Only this rank's policies' parts are read; each is dropped from ``state`` once loaded
+    (the model holds a copy of its weights, the optimizer the moments themselves), so no
+    second copy outlives the restore.
     """
+    load_policy_parts(state, list(workers.local_policies), path)
     for name in workers.local_policies:
-        saved, optimizer = state["policies"][name], optimizers[name]
+        saved, optimizer = state["policies"].pop(name), optimizers[name]
         # the saved param groups carry the writer's settings: this config's learning_rate, weight_decay and
         # foreach are kept (the moments and step counts are the checkpoint's), so a resume applies the lr it logs
         settings = [{key: group[key] for key in _CONFIG_SETTINGS if key in group} for group in optimizer.param_groups]
@@ -179,6 +220,7 @@ def restore_run_checkpoint(state: dict[str, Any], *, workers, policies: dict, op
         if cb.state_key in state["callbacks"]:
             cb.load_state_dict(state["callbacks"][cb.state_key])
     datamodule.load_state_dict(state["data"])
+    state["policies"].clear()  # a single-file checkpoint holds every rank's policies: none is needed any more
     ranks = state["rng"]["ranks"]
     for line in set_rng_state(ranks[rank] if rank < len(ranks) else ranks[0]):
         note(f"Note: {line}")
@@ -198,18 +240,6 @@ def to_cpu(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(to_cpu(v) for v in obj)
     return obj
-
-
-def _pack(state: dict[str, Any]) -> bytes:
-    """``state`` as ``torch.save`` bytes: tensors that share storage (tied embeddings) stay shared."""
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    return buffer.getvalue()
-
-
-def _unpack(data: bytes) -> dict[str, Any]:
-    """Inverse of :func:`_pack` (tensors and plain containers only)."""
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
 def write_run_files(log_dir: str, config_text: str | None, system, datamodule) -> None:

@@ -35,7 +35,7 @@ from mrl_lightning.errors import ConfigError
 from mrl_lightning.lifeline import is_launched_worker
 from mrl_lightning.metrics import Global, Max, window_reduce
 from mrl_lightning.mwra import Workers, stream_seed
-from mrl_lightning.mwra.process import peak_memory_gib
+from mrl_lightning.mwra.process import peak_memory_gib, release_free_memory
 from mrl_lightning.objectives.aux_share import term_names
 from mrl_lightning.preflight import check_before_build, make_fabric, trainer_errors
 from mrl_lightning.progress import RunProgress, done_line, interrupted_line
@@ -253,8 +253,9 @@ class MRLTrainer:
             self.fabric.call("setup", self.ctx, model, datamodule)
             self.ctx.services = collect_services(self.callbacks)
             if checkpoint is not None:
-                self._load(checkpoint, model, datamodule)
+                self._load(checkpoint, ckpt_path, model, datamodule)
                 self.print(f"Resumed from {ckpt_path} at step {self.global_step}.")
+            release_free_memory()
         if self.is_global_zero:
             write_run_files(self.log_dir, self.config_text, model, datamodule)
         self.print(f"Run folder: {self.log_dir}")
@@ -335,6 +336,7 @@ class MRLTrainer:
                 metrics[f"rollout/{name}/gen_time_s"] = metrics[f"mwra/{name}/rollout_s"] = elapsed
                 tokens = float(scored[name].rollouts.completion_mask.sum())
                 metrics[f"mwra/{name}/rollout_tokens_per_s"] = tokens / max(elapsed, 1e-9)
+            release_free_memory()  # sampling's freed [N, V] blocks back to the OS (docs/mwra.md, "The memory model")
         self.rollout_step += 1
         self.samples_seen += sum(len(items) * p.num_generations for p in model.policies.values())
         if any(p.filter_groups for p in model.policies.values()):
@@ -359,8 +361,13 @@ class MRLTrainer:
             with w.phase("update"):
                 wrapped, opt = self._modules[name]
                 reduce = None if policy.fsdp else partial(w.reduce_gradients, name)  # FSDP reduces in backward
+                # the last step's gradients go before the forward, and the heap they leave with them
+                # (policy_update zeroes them again: a no-op on the first iteration)
+                opt.zero_grad(set_to_none=True)
+                release_free_memory()
                 metrics.update(policy_update(policy, batch, wrapped, self.fabric, opt, reduce_gradients=reduce,
                                              gather=partial(w.group_gather, name)))
+                release_free_memory()
             metrics.update(batch.metrics)
             metrics[f"train/{name}/update_time_s"] = metrics[f"mwra/{name}/update_s"] = time.perf_counter() - t0
         self.global_step += 1
@@ -386,6 +393,7 @@ class MRLTrainer:
             with sampling_precision(self.fabric, [model.policies[name] for name in w.local_policies]):
                 metrics, samples = evaluate_on_workers(model, datamodule.eval_items(), w,
                                                        self.num_sample_completions, self.eval_num_generations, seed)
+            release_free_memory()
         self.last_eval = metrics
         self.fabric.call("on_eval_end", self.ctx, model, metrics)
         self.fabric.log_dict(metrics, step=self.global_step)
@@ -407,8 +415,8 @@ class MRLTrainer:
                                        counters=counters, data_state=datamodule.state_dict(),
                                        compress=self.compress_checkpoints, keep=self.keep_checkpoints)
 
-    def _load(self, state: dict[str, Any], model, datamodule) -> None:
-        c = restore_run_checkpoint(state, workers=self.workers, policies=dict(model.policies),
+    def _load(self, state: dict[str, Any], path: str, model, datamodule) -> None:
+        c = restore_run_checkpoint(state, path, workers=self.workers, policies=dict(model.policies),
                                    optimizers={name: opt for name, (_, opt) in self._modules.items()},
                                    callbacks=self.callbacks, datamodule=datamodule, rank=self.fabric.global_rank,
                                    note=self.print)

@@ -1,10 +1,11 @@
 """MWRA: placement of policies on workers, the resource plan, and the collectives between workers.
 
 See docs/mwra.md. ``placement`` (which ranks run which policy), ``plan`` (threads and
-memory estimate, validated before any model is built), ``strategy`` (the Fabric strategy
-of multi-process runs), ``launcher`` (starting and watching one node's workers),
-``workers`` (what this rank runs; collectives), ``rng`` (placement-independent sampling
-streams).
+memory estimate, validated before any model is built), ``memory`` (the estimate's terms),
+``process`` (this process's threads, peak memory and the allocator's free memory),
+``strategy`` (the Fabric strategy of multi-process runs), ``launcher`` (starting and
+watching one node's workers), ``workers`` (what this rank runs; collectives), ``rng``
+(placement-independent sampling streams).
 """
 
 from mrl_lightning.mwra.placement import PLACEMENTS, Placement, build_placement, shard_indices

@@ -1,30 +1,19 @@
-"""MWRA resource plan: ranks, device, strategy, threads and a memory estimate per policy.
+"""MWRA resource plan: ranks, device, strategy, threads and a memory estimate per worker (docs/mwra.md).
 
 Built from the config and each model's *config* (parameters are counted on the meta
-device, nothing is loaded), validated, and printed before any model is built (docs/mwra.md).
+device, nothing is loaded), validated, and printed before any model is built.
 
-Memory estimate per worker (one process), in GiB, documented for what it is:
+Estimated peak memory of a worker (one process), GiB: on the CPU, the process's own
+footprint measured when the plan is built (Python, torch, Lightning, the tokenizers loaded
+by then: about 0.4-0.7 GB here), plus every policy it runs' resident states, plus the
+largest transient of one of its policies (a worker runs one phase of one policy at a time),
+plus, on CPU workers, every tokenizer not loaded yet; each term is
+:mod:`mrl_lightning.mwra.memory`'s.
 
-- each policy it runs: 4 bytes per parameter (fp32 weights) and 12 more per *trainable*
-  parameter (gradients and AdamW's two moments: all of them, or a LoRA adapter's), 4 more
-  per parameter for a frozen reference model when ``beta > 0`` (none for LoRA, whose
-  reference is the base with the adapter off), all resident;
-- on CPU workers, 3.5 KiB per vocabulary entry for every policy's tokenizer not loaded when
-  the plan is built (a recipe's): every worker loads every tokenizer (THL reads them);
-- for the one policy whose phase runs, the larger of the update's activations of one
-  micro-batch (per layer ``34·s·h + 5·a·s²`` bytes per sequence at 16 bits, Korthikanti et
-  al. 2022, doubled for fp32, with s = max_prompt_length + max_completion_length, an upper
-  bound; with ``gradient_checkpointing`` each layer keeps only its fp32 input, ``4·s·h``,
-  plus one layer's activations; plus five float32 copies of the completion logits
-  ``[micro, L + 1, V]``) and sampling (the KV cache, plus, with the Hugging Face engine,
-  two float32 copies of the ``[N, L, V]`` logits that ``generate`` keeps); on CPU workers
-  the checkpoint's gather over processes may be larger still (:func:`checkpoint_gather_gib`);
-- on the CPU, the process's own footprint measured when the plan is built (Python, torch,
-  Lightning, tokenizers: about 0.5-0.7 GB here), which dominates for tiny models.
-
-Not counted: the SEE exchange buffer (bounded by its own capacity), allocator slack and
-fragmentation, the CUDA context (~0.3-0.5 GiB per GPU). The loop logs the measured peak
-(``mwra/<policy>/peak_memory_gib``) so the two can be compared.
+Not counted: the SEE exchange buffer (bounded by its own capacity), the probes' own rows,
+the CUDA context (~0.3-0.5 GiB per GPU). The loop logs the measured peak
+(``mwra/<policy>/peak_memory_gib``) so the two can be compared, and
+``benchmarks/memory_peaks.py`` measures every phase's.
 """
 
 from __future__ import annotations
@@ -33,55 +22,18 @@ import os
 from dataclasses import dataclass
 
 from mrl_lightning.errors import ConfigError
+from mrl_lightning.mwra.memory import (  # noqa: F401 - also from here
+    ALLOCATOR_SLACK,
+    GIB,
+    ModelShape,
+    largest_transient,
+    model_shape,
+    policy_memory_bytes,
+    policy_memory_parts,
+    policy_memory_terms,
+)
 from mrl_lightning.mwra.placement import Placement
 from mrl_lightning.mwra.process import omp_threads, peak_memory_gib, process_rss_bytes  # noqa: F401 - also from here
-
-GIB = 2**30
-
-
-@dataclass
-class ModelShape:
-    """What the estimate needs from a model config.
-
-    Attributes:
-        family: ``config.model_type``.
-        params: Parameters (tied weights counted once).
-        vocab: Vocabulary size V.
-        hidden: Width h.
-        layers: Transformer layers.
-        heads: Attention heads a.
-        trainable: Parameters the optimizer steps (a LoRA adapter's); None = all of them.
-        state_shapes: Name -> shape of every entry of the model's ``state_dict`` (a LoRA
-            policy's: its adapter's), what a checkpoint of it holds; None = not counted.
-    """
-
-    family: str
-    params: int
-    vocab: int
-    hidden: int
-    layers: int
-    heads: int
-    trainable: int | None = None
-    state_shapes: dict[str, tuple[int, ...]] | None = None
-
-
-def model_shape(config) -> ModelShape:
-    """Count a Hugging Face causal LM's parameters on the meta device (no memory, no weights).
-
-    Args:
-        config: A ``transformers.PretrainedConfig``.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    params = sum(p.numel() for p in model.parameters())
-    get = lambda *names: next((getattr(config, n) for n in names if getattr(config, n, None)), 0)  # noqa: E731
-    return ModelShape(family=getattr(config, "model_type", "?"), params=params, vocab=get("vocab_size"),
-                      hidden=get("hidden_size", "n_embd"), layers=get("num_hidden_layers", "n_layer"),
-                      heads=get("num_attention_heads", "n_head"),
-                      state_shapes={k: tuple(v.shape) for k, v in model.state_dict().items()})
 
 
 @dataclass
@@ -99,7 +51,8 @@ class PolicyPlacement:
         precision: Fabric precision.
         threads: CPU threads per worker (``torch.set_num_threads``).
         memory_gib: Estimated memory of this policy on each of its workers while its phase
-            runs (states + peak activations), GiB (None = unknown).
+            runs (states + its largest transient: :func:`~mrl_lightning.mwra.memory.policy_memory_parts`),
+            GiB (None = unknown).
         states_gib: The resident part of ``memory_gib`` (weights, gradients, optimizer
             moments, reference model), GiB (None = unknown).
         size_is_bound: ``params`` and ``vocab`` are upper bounds: a recipe trains its tokenizer
@@ -110,6 +63,8 @@ class PolicyPlacement:
         tokenizer_gib: Host memory of its tokenizer when the plan has not loaded it (a
             recipe's), GiB; every worker loads it.
         checkpoint_gib: Its part of a checkpoint (kept weights and AdamW moments), GiB.
+        peak: The phase of its largest transient (``update``, ``optimizer step``, ``sampling``,
+            ``evaluation``, ``checkpoint``: :func:`~mrl_lightning.mwra.memory.largest_transient`).
     """
 
     policy: str
@@ -127,113 +82,7 @@ class PolicyPlacement:
     memory: str = "full"
     tokenizer_gib: float = 0.0
     checkpoint_gib: float = 0.0
-
-
-def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int, shards: int = 1) -> dict[str, float]:
-    """One policy's memory terms, bytes (module docstring; docs/mwra.md, "The resource plan").
-
-    - ``states``: weights, gradients, optimizer moments and reference model, resident on each
-      worker that runs the policy (1/``shards`` of them for an ``fsdp`` policy);
-    - ``activations``: one micro-batch of the update: every layer's activations (Korthikanti
-      et al. 2022, an upper bound) plus 5 float32 copies of its completion logits
-      ``[micro, L + 1, V]`` (the forward's logits, their tempered copy, logsumexp's
-      exponentials, and in the backward the logits' gradient; the first iteration's entropy
-      takes a softmax and a product of the same size);
-    - ``kv_cache``: sampling with the Hugging Face engine: the KV cache, plus 2 float32
-      copies of ``[N, L, V]`` logits: ``generate`` keeps every step's logits, and the engine
-      reads the sampled tokens' log-probs from them one step at a time (at V = 131,072 this is
-      most of a sampling worker's peak). A vLLM policy samples in its engine's own memory:
-      only the KV cache term is left;
-    - ``tokenizer``: host memory of the tokenizer when it is not loaded when the plan is built
-      (a recipe's, made after the plan; a hub or folder tokenizer is loaded by the config
-      checks and is in the measured footprint): 3.5 KiB per vocabulary entry. Every worker
-      loads every policy's tokenizer (THL reads them);
-    - ``checkpoint``: this policy's part of a checkpoint, as its group leader sends it: the
-      weights it keeps (every weight, or a LoRA adapter's) and AdamW's two moments.
-
-    ``activations`` and ``kv_cache`` exist only while the policy's phase runs, one at a time.
-    The constants were measured on a CPU in float32 at V = 32,000 and 131,072
-    (``benchmarks/real_path.py``).
-
-    Args:
-        shape: The model's shape (:func:`model_shape`).
-        policy: The policy (its generation, batch and memory options are read).
-        prompts_per_rank: Prompts per step on one of its workers.
-        shards: The ranks an ``fsdp`` policy is sharded over (its checkpoint part is whole:
-            checkpoints hold full tensors).
-
-    Returns:
-        ``states``, ``activations``, ``kv_cache``, ``tokenizer`` and ``checkpoint``, in bytes.
-    """
-    update_logit_copies = 5    # [micro, L + 1, V] float32 one micro-batch holds at its peak: 4.6-5.1 measured
-    sampling_logit_copies = 2  # [N, L, V] float32 Hugging Face sampling holds at its end: 1.0-1.6 measured
-    tokenizer_bytes_per_token = 3584  # a fast tokenizer + THL's byte table: 1.7 KiB (Tekken) - 3.3 KiB (Mistral v1)
-    n = policy.num_generations * prompts_per_rank
-    micro = min(policy.micro_batch_size or n, n)
-    length = policy.max_completion_length
-    s = policy.max_prompt_length + length
-    trainable = shape.params if shape.trainable is None else shape.trainable
-    adapter = shape.trainable is not None  # a LoRA policy: the reference is the base, no second copy
-    states = 4 * shape.params + 12 * trainable + (4 * shape.params if policy.beta > 0 and not adapter else 0)
-    if getattr(policy, "fsdp", False) and shards > 1:  # 1/k of weights, gradients, moments and the reference
-        states /= shards
-    # built after the plan (a recipe): not in the footprint measured when the plan is built
-    tokenizer = tokenizer_bytes_per_token * shape.vocab if getattr(policy, "tokenizer", None) is None else 0
-    per_layer = 2 * (34 * s * shape.hidden + 5 * shape.heads * s * s)
-    if getattr(policy, "gradient_checkpointing", False):  # each layer's input kept, one layer's activations
-        layers = shape.layers * 4 * s * shape.hidden + per_layer
-    else:
-        layers = shape.layers * per_layer
-    activations = micro * (layers + update_logit_copies * 4 * (length + 1) * shape.vocab)
-    kv_cache = n * s * shape.layers * 2 * shape.hidden * 4
-    if getattr(policy, "rollout_engine", "hf") == "hf":
-        kv_cache += sampling_logit_copies * 4 * n * length * shape.vocab
-    checkpoint = 4 * (trainable if adapter else shape.params) + 8 * trainable
-    return {"states": float(states), "activations": float(activations), "kv_cache": float(kv_cache),
-            "tokenizer": float(tokenizer), "checkpoint": float(checkpoint)}
-
-
-def checkpoint_gather_gib(rows: list[PolicyPlacement], rank: int) -> float:
-    """Memory a distributed checkpoint takes for a moment on worker ``rank`` of CPU workers, GiB.
-
-    Each group leader serializes its policies' parts (``torch.save`` bytes, their pickle for
-    ``torch.distributed.gather_object``, its tensor: 3 copies of its own part); rank 0 also
-    receives them (a buffer of world size + 1 times the largest rank's part, and every other
-    rank's part once more). Measured over gloo with 2 and 3 processes: 3.00x on the senders,
-    within 1% of this on rank 0 (docs/mwra.md, "The resource plan"). A single process writes
-    its state to the file as it pickles it: 0.
-
-    Args:
-        rows: The plan (:attr:`PolicyPlacement.checkpoint_gib` per policy; its first rank leads).
-        rank: The worker.
-
-    Returns:
-        The transient GiB on that worker (0 for one worker).
-    """
-    world = max((max(r.ranks) for r in rows), default=0) + 1
-    if world == 1:
-        return 0.0
-    parts = [0.0] * world
-    for r in rows:
-        parts[r.ranks[0]] += r.checkpoint_gib
-    if rank != 0:
-        return 3 * parts[rank]
-    return 3 * parts[0] + sum(parts[1:]) + (world + 1) * max(parts)
-
-
-def policy_memory_parts(shape: ModelShape, policy, prompts_per_rank: int, shards: int = 1) -> tuple[float, float]:
-    """``(states, peak activations)`` of one policy on one worker, bytes: the update's activations
-    or the sampling KV cache, whichever is larger (they do not coexist). An ``fsdp`` policy's full
-    weights are gathered for its rollouts: counted with the peak."""
-    terms = policy_memory_terms(shape, policy, prompts_per_rank, shards)
-    if getattr(policy, "fsdp", False) and shards > 1:
-        return terms["states"], max(terms["activations"], terms["kv_cache"]) + 4 * shape.params
-    return terms["states"], max(terms["activations"], terms["kv_cache"])
-
-
-def policy_memory_bytes(shape: ModelShape, policy, prompts_per_rank: int) -> float:
-    """Memory of one policy on one worker while its phase runs, bytes (states + peak activations)."""
-    return sum(policy_memory_parts(shape, policy, prompts_per_rank))
+    peak: str = "?"
 
 
 def build_plan(
@@ -245,6 +94,10 @@ def build_plan(
     strategy: str,
     precision: str,
     threads: int,
+    *,
+    eval_prompts: int = 0,
+    eval_generations: int = 0,
+    compress: bool = False,
 ) -> list[PolicyPlacement]:
     """One :class:`PolicyPlacement` per policy.
 
@@ -257,13 +110,20 @@ def build_plan(
         strategy: Fabric strategy name.
         precision: Fabric precision.
         threads: CPU threads per worker.
+        eval_prompts: Held-out prompts of the data's largest part (split over a policy's ranks;
+            0 = evaluation not counted).
+        eval_generations: ``trainer.eval_num_generations``.
+        compress: ``trainer.compress_checkpoints``.
     """
     rows = []
     for name, ranks in placement.groups.items():
         shape = shapes.get(name)
+        workload = dict(eval_prompts_per_rank=-(-eval_prompts // len(ranks)), eval_generations=eval_generations,
+                        compress=compress)
         per_rank = -(-batch_size // len(ranks))
-        states, peak = policy_memory_parts(shape, policies[name], per_rank, len(ranks)) if shape else (None, None)
-        terms = policy_memory_terms(shape, policies[name], per_rank, len(ranks)) if shape else {}
+        terms = policy_memory_terms(shape, policies[name], per_rank, len(ranks), **workload) if shape else {}
+        phase, peak = largest_transient(terms, host=device == "cpu") if shape else ("?", None)
+        states = terms.get("states")
         rows.append(PolicyPlacement(
             policy=name, family=shape.family if shape else "?", params=shape.params if shape else None,
             vocab=shape.vocab if shape else None, ranks=ranks, device=device, strategy=strategy,
@@ -273,6 +133,7 @@ def build_plan(
             size_is_bound=bool(getattr(policies[name], "builds_from_recipe", False)),
             memory=memory_options(policies[name], shape, len(ranks)),
             tokenizer_gib=terms.get("tokenizer", 0.0) / GIB, checkpoint_gib=terms.get("checkpoint", 0.0) / GIB,
+            peak=phase,
         ))
     return rows
 
@@ -289,21 +150,20 @@ def memory_options(policy, shape: ModelShape | None, shards: int = 1) -> str:
 
 
 def worker_memory_gib(rows: list[PolicyPlacement], rank: int, framework_gib: float) -> float:
-    """Estimated peak memory of worker ``rank``, GiB.
+    """Estimated peak memory of worker ``rank``, GiB (docs/mwra.md, "The memory model").
 
-    ``framework_gib`` + every policy's resident states + the largest of the activations of
-    one of its policies (a worker runs its policies' phases one at a time) and, on CPU
-    workers, of a distributed checkpoint's gather (:func:`checkpoint_gather_gib`); CPU workers
-    also hold every policy's tokenizer not loaded when the plan was built
-    (:attr:`PolicyPlacement.tokenizer_gib`). On a GPU those two are host memory: not counted.
+    ``framework_gib`` + (every policy's resident states + the largest transient of one of its
+    policies: a worker runs its policies' phases one at a time) x (1 +
+    :data:`~mrl_lightning.mwra.memory.ALLOCATOR_SLACK`); CPU workers also hold every policy's
+    tokenizer not loaded when the plan was built (:attr:`PolicyPlacement.tokenizer_gib`), host
+    memory a GPU worker does not count.
     """
     mine = [r for r in rows if rank in r.ranks and r.memory_gib is not None]
     states = [r.states_gib if r.states_gib is not None else r.memory_gib for r in mine]
     peaks = [r.memory_gib - s for r, s in zip(mine, states)]
     host = bool(mine) and mine[0].device == "cpu"
     tokenizers = sum(r.tokenizer_gib for r in rows) if host else 0.0
-    checkpoint = checkpoint_gather_gib(rows, rank) if host else 0.0
-    return framework_gib + sum(states) + tokenizers + max(*peaks, checkpoint, 0.0)
+    return framework_gib + tokenizers + (sum(states) + max(*peaks, 0.0, 0.0)) * (1 + ALLOCATOR_SLACK)
 
 
 def validate_resources(
@@ -379,19 +239,19 @@ def format_plan(rows: list[PolicyPlacement], placement: Placement, framework_gib
         return str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
 
     header = ("policy", "family", "params", "vocab", "ranks", "device", "strategy", "precision", "threads",
-              "memory", "est. GiB/worker")
+              "memory", "peak", "est. GiB/worker")
     bound = lambda r: "<=" if r.size_is_bound else ""  # noqa: E731
     body = [(r.policy, r.family, "?" if r.params is None else f"{bound(r)}{r.params / 1e6:.2f}M",
              "?" if r.vocab is None else f"{bound(r)}{r.vocab}", ranks_text(r.ranks), r.device, r.strategy, r.precision,
-             str(r.threads), r.memory, "?" if r.memory_gib is None else f"{r.memory_gib:.3f}") for r in rows]
+             str(r.threads), r.memory, r.peak, "?" if r.memory_gib is None else f"{r.memory_gib:.3f}") for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731
     out = [f"placement: {placement.mode}, {placement.world_size} worker(s)", line(header),
            line(["-" * w for w in widths])] + [line(b) for b in body]
     totals = ", ".join(f"rank {k}: {worker_memory_gib(rows, k, framework_gib):.2f}"
                        for k in range(min(placement.world_size, 8)))
-    out.append(f"estimated GiB per worker incl. {framework_gib:.2f} GiB measured process footprint "
-               f"(not counted: exchange buffer, allocator slack, CUDA context): {totals}"
+    out.append(f"estimated GiB per worker incl. {framework_gib:.2f} GiB measured process footprint and "
+               f"{ALLOCATOR_SLACK:.0%} allocator slack (not counted: exchange buffer, CUDA context): {totals}"
                + (" ..." if placement.world_size > 8 else ""))
     if any(r.size_is_bound for r in rows):
         out.append("<=: upper bound; a recipe's tokenizer is trained when the model is built and may stop below "
@@ -401,7 +261,7 @@ def format_plan(rows: list[PolicyPlacement], placement: Placement, framework_gib
 
 def plan_resources(placement: Placement, shapes: dict[str, ModelShape | None], policies: dict, batch_size: int,
                    device: str, strategy: str, precision: str, devices_per_node: int,
-                   num_threads: int | None) -> tuple[str, int]:
+                   num_threads: int | None, **workload) -> tuple[str, int]:
     """Build, validate and format the run's resource plan, before any model is built.
 
     Threads per worker: ``num_threads``, else ``OMP_NUM_THREADS`` (a positive integer), else
@@ -418,6 +278,7 @@ def plan_resources(placement: Placement, shapes: dict[str, ModelShape | None], p
         precision: The Fabric precision (shown; counted in the estimate).
         devices_per_node: Worker processes per node.
         num_threads: ``trainer.num_threads`` (None = derived as above).
+        **workload: ``eval_prompts``, ``eval_generations``, ``compress`` (:func:`build_plan`).
 
     Returns:
         The plan as text, and the threads per worker.
@@ -429,7 +290,7 @@ def plan_resources(placement: Placement, shapes: dict[str, ModelShape | None], p
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = num_threads or omp_threads() or max(1, cores // devices_per_node)
-    rows = build_plan(placement, shapes, policies, batch_size, device, strategy, precision, threads)
+    rows = build_plan(placement, shapes, policies, batch_size, device, strategy, precision, threads, **workload)
     framework = process_rss_bytes() / GIB if device == "cpu" else 0.0
     if device == "cuda" and torch.cuda.is_available():
         available, memory = torch.cuda.device_count(), torch.cuda.get_device_properties(0).total_memory / GIB

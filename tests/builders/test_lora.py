@@ -143,10 +143,14 @@ def test_the_memory_estimate_counts_only_trainable_moments_and_checkpointed_laye
     # full: 16 bytes a parameter + a 4-byte reference; LoRA: 4 bytes a frozen weight, 12 a trainable one, no reference
     assert policy_memory_terms(shape, full, 1)["states"] == 16_000_000 + 4_000_000
     assert policy_memory_terms(adapter, lora, 1)["states"] == 4_000_000 + 12 * 10_000
-    s, h, per_layer = 16, 64, 2 * (34 * 16 * 64 + 5 * 4 * 16 * 16)
-    logits = 5 * 4 * 9 * 100  # five float32 copies of [L + 1, V] per sequence
-    assert policy_memory_terms(shape, full, 1)["activations"] == 2 * (4 * per_layer + logits)
-    assert policy_memory_terms(shape, ckpt, 1)["activations"] == 2 * (4 * 4 * s * h + per_layer + logits)
+    # a layer keeps 4 * (9h + 5q + 4kv + 4i) = 4 * (9 + 5 + 4 + 16) * 64 = 8704 bytes a token (mwra/memory.py)
+    logits, head = 5 * 4 * 2 * 9 * 100, 4 * 100 * 64  # five float32 copies of [2, L + 1, V]; the head's gradient
+    # the prompt once (8 tokens), both completions (16), the prompt's keys and values gathered to both rows
+    layer = (8 + 16) * 8704 + 2 * 16 * 2 * 64 * 4
+    assert policy_memory_terms(shape, full, 1)["activations"] == 4 * layer + logits + head == 962_720
+    # checkpointed: every row over prompt + completion (32 tokens); each layer's input kept, one layer's whole
+    assert policy_memory_terms(shape, ckpt, 1)["activations"] == 4 * 32 * 4 * 64 + 32 * 8704 + logits + head
+    assert policy_memory_terms(adapter, lora, 1)["activations"] == 4 * layer + logits  # LoRA: a frozen head
     assert memory_options(lora, adapter) == "LoRA r=16 (0.01M trainable)" and memory_options(full, shape) == "full"
     assert memory_options(ckpt, shape) == "grad. ckpt"
 

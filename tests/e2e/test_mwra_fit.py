@@ -92,6 +92,12 @@ def test_disjoint_two_processes_reproduce_the_colocated_run(runs):
         name = f"step={step}.ckpt" if step < 4 else "last.ckpt"
         colocated, disjoint = _ckpt(runs, "colocated", name), _ckpt(runs, "disjoint", name)
         _assert_same_run(colocated, disjoint, f"step {step}")
+    # each policy's part is a file of its own beside the manifest, which holds no weights (docs/loop.md)
+    folder = runs.parent / "runs" / "disjoint" / "checkpoints"
+    manifest = load_checkpoint(folder / "last.ckpt", policies=())
+    assert manifest["policies"] == {} and manifest["parts"] == {
+        name: {"file": f"step=4.parts/{name}.pt"} for name in ("gpt2", "llama")}
+    assert all((folder / entry["file"]).is_file() for entry in manifest["parts"].values())
     disjoint = _ckpt(runs, "disjoint")
     assert disjoint["placement"] == {"mode": "disjoint", "groups": {"gpt2": [0], "llama": [1]}}
     # Every rank's generator states are in the checkpoint (CUDA ones where a GPU is visible).

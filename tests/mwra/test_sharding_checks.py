@@ -30,7 +30,8 @@ def test_a_one_rank_group_and_an_uneven_micro_batched_batch_are_refused_with_the
 
 @pytest.mark.parametrize("beta", [0.0, 0.1])
 def test_a_sharded_policy_holds_one_kth_of_its_states_reference_included(beta):
-    whole = policy_memory_terms(SHAPE, _policy(fsdp=False, beta=beta), prompts_per_rank=2)
+    # unsharded, the same forward (prompts are not shared by a sharded policy's forward)
+    whole = policy_memory_terms(SHAPE, _policy(fsdp=False, beta=beta, share_prompt_forward=False), prompts_per_rank=2)
     shard = policy_memory_terms(SHAPE, _policy(beta=beta), prompts_per_rank=2, shards=4)
     assert shard["states"] == pytest.approx(whole["states"] / 4)
     assert whole["states"] == (8 if beta else 4) * SHAPE.params + 12 * SHAPE.params

@@ -48,33 +48,49 @@ def _stop_line(err: str) -> str:
     return lines[0]
 
 
-def _full_disk_at(monkeypatch, step: int, room: int = 300_000) -> list[int]:
-    """torch.save meets a full disk half-way through the checkpoint of ``step``; the steps saved, in order."""
+def _file_of(obj) -> tuple[str, int]:
+    """``("part" | "manifest", step)`` of what torch.save is asked to write."""
+    if obj.get("format") == ckpt.PART_FORMAT:
+        return "part", obj["step"]
+    return "manifest", obj["counters"]["global_step"]
+
+
+def _full_disk_at(monkeypatch, step: int, fails: str = "part", room: int = 3_000) -> list[tuple[str, int]]:
+    """torch.save meets a full disk half-way through the first file of kind ``fails`` of the checkpoint of
+    ``step`` (a policy's part, or the manifest); the files saved, in order."""
     real_save, saves = torch.save, []
 
     def save(obj, fh, *args, **kwargs):
-        saves.append(obj["counters"]["global_step"])
-        return real_save(obj, _FullDisk(fh, room) if saves[-1] == step else fh, *args, **kwargs)
+        saves.append(_file_of(obj))
+        target = _FullDisk(fh, room) if saves[-1] == (fails, step) and saves.count((fails, step)) == 1 else fh
+        return real_save(obj, target, *args, **kwargs)
 
     monkeypatch.setattr(ckpt.torch, "save", save)
     return saves
 
 
-def test_disk_full_mid_checkpoint_keeps_the_last_good_one_loadable(write_tiny_config, monkeypatch, capsys):
+@pytest.mark.parametrize("fails", ["part", "manifest"])
+def test_disk_full_mid_checkpoint_keeps_the_last_good_one_loadable(write_tiny_config, monkeypatch, capsys, fails):
     config = write_tiny_config(modify=lambda c: c["trainer"].update(max_steps=2, version="full", keep_checkpoints=5))
-    saves = _full_disk_at(monkeypatch, step=2)
+    saves = _full_disk_at(monkeypatch, step=2, fails=fails)
     assert main(["fit", "--config", str(config)]) == 2  # one line: what is left and what to do
     monkeypatch.undo()
     line = _stop_line(capsys.readouterr().err)
-    run = _run_dir(config, "full")
-    last = run / "checkpoints" / "last.ckpt"
-    assert saves == [1, 2]
+    folder = _run_dir(config, "full") / "checkpoints"
+    last = folder / "last.ckpt"
+    assert saves[:3] == [("part", 1), ("part", 1), ("manifest", 1)]
+    assert saves[-1] == (fails, 2)  # nothing was written after the failed file
+    failed = folder / "step=2.parts" / "gpt2.pt" if fails == "part" else last
     assert line.startswith(f"mrl: disk full in phase 'checkpoint' at step 2: No space left on device while writing "
-                           f"{last} (") and " disk, " in line and " bytes free); " in line, line
+                           f"{failed} (") and " bytes free); " in line, line
     assert line.endswith(f"the partial file was removed and the previous last.ckpt is untouched: {ROOM}, then resume "
                          f"with --ckpt_path {last}."), line
-    assert sorted(p.name for p in last.parent.iterdir()) == ["last.ckpt", "step=1.ckpt"]  # no partial file left
-    assert not list(run.glob("traceback_*"))
+    # no partial file left; a manifest that failed leaves its step's parts, which no manifest names
+    left = sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+    parts_of_1 = ["step=1.parts", "step=1.parts/gpt2.pt", "step=1.parts/llama.pt"]
+    parts_of_2 = ["step=2.parts", "step=2.parts/gpt2.pt", "step=2.parts/llama.pt"] if fails == "manifest" else []
+    assert left == sorted(["last.ckpt", "step=1.ckpt", *parts_of_1, *parts_of_2])
+    assert not list(folder.parent.glob("traceback_*"))
     assert load_checkpoint(last)["counters"]["global_step"] == 1
     resumed = write_tiny_config("b.yaml", modify=lambda c: c["trainer"].update(max_steps=2, version="resumed"))
     assert main(["fit", "--config", str(resumed), "--ckpt_path", str(last)]) == 0
@@ -86,7 +102,7 @@ def test_disk_full_at_the_first_checkpoint_says_there_is_nothing_to_resume(write
     assert main(["fit", "--config", str(config)]) == 2
     line = _stop_line(capsys.readouterr().err)
     folder = _run_dir(config, "first") / "checkpoints"
-    assert f"while writing {folder / 'last.ckpt'} (" in line, line
+    assert f"while writing {folder / 'step=1.parts' / 'gpt2.pt'} (" in line, line
     assert line.endswith(f"); the partial file was removed and no earlier last.ckpt exists, so this run cannot be "
                          f"resumed: {ROOM}, then start the run again."), line
     assert "--ckpt_path" not in line and list(folder.iterdir()) == []
@@ -149,7 +165,8 @@ def test_a_run_folder_on_a_64k_disk_stops_at_its_first_checkpoint_with_one_line(
     assert main(["fit", "--config", str(config)]) == 2
     line = _stop_line(capsys.readouterr().err)
     assert line.startswith(f"mrl: disk full in phase 'checkpoint' at step 1: No space left on device while writing "
-                           f"{disk / 'v' / 'checkpoints' / 'last.ckpt'} (64 KiB disk, "), line
+                           f"{disk / 'v' / 'checkpoints' / 'step=1.parts'}/"), line
+    assert " (64 KiB disk, " in line, line
     assert line.endswith("no earlier last.ckpt exists, so this run cannot be resumed: " + ROOM
                          + ", then start the run again."), line
     assert list((disk / "v" / "checkpoints").iterdir()) == [] and (disk / "v" / "config.yaml").stat().st_size > 0
