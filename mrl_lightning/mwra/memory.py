@@ -63,9 +63,10 @@ CHUNK_LOGIT_COPIES = 4
 """Float32 copies of one chunk's ``[positions, V]`` logits the chunked log-probs hold at their
 peak (the backward of one chunk: recomputed logits, their tempered copy, exponentials, gradient)."""
 
-SAMPLING_LOGIT_COPIES = 2
-"""Float32 copies of ``[N, L, V]`` Hugging Face sampling holds at its end: every step's logits
-kept by ``generate`` (``output_logits``) and the heap they leave (1.0-1.7 measured)."""
+SAMPLING_LOGIT_COPIES = 0
+"""Float32 copies of ``[N, L, V]`` Hugging Face sampling holds at its end: none, since the engine
+reads each step's sampled log-probs while ``generate`` runs and keeps no logits
+(:mod:`mrl_lightning.rollout.draws`; when ``generate`` kept them, 1.0-1.7 copies were measured)."""
 
 SAMPLING_STEP_COPIES = 6
 """Float32 ``[N, V]`` scores one decoding step holds: the logits, their tempered, filtered and
@@ -151,10 +152,11 @@ def logit_elements(policy, rows: int, positions: int, vocab: int) -> int:
 
     Whole ``rows * positions * vocab`` unless the policy takes them in chunks
     (``policy.logprob_chunk_elements``: logits per chunk, the call chunked only above it;
-    None or absent = whole); then one chunk's ``(chunk_elements // V) * V``.
+    None, absent or an ``fsdp`` policy = whole); then one chunk's ``(chunk_elements // V) * V``.
     """
     whole = rows * positions * vocab
-    chunk = getattr(policy, "logprob_chunk_elements", None)
+    # an fsdp policy takes its logits whole (every rank must run the same head calls)
+    chunk = None if getattr(policy, "fsdp", False) else getattr(policy, "logprob_chunk_elements", None)
     if not chunk or whole <= chunk:
         return whole
     return max(1, chunk // vocab) * vocab

@@ -52,24 +52,24 @@ def test_terms_of_a_recipe_policy_sampling_with_hugging_face():
     # logits 5 copies * 4 bytes * [2, 5, 1000]; the head's gradient 4 * 1000 * 8
     assert terms["activations"] == 11 * 1088 + 896 + 200_000 + 32_000 == 244_864
     # KV cache 2 (it grows by concatenation) * 2 rows * 7 * 1 layer * 2 (keys, values) * 8 * 4 = 1792; one step's
-    # scores 6 copies * 4 * [2, 1000] and the kept logits 2 copies * 4 * [2, 4, 1000]
-    assert terms["kv_cache"] == 1792 + 48_000 + 64_000 == 113_792
+    # scores 6 copies * 4 * [2, 1000]; no kept logits (the engine reads each step's log-probs as it samples)
+    assert terms["kv_cache"] == 1792 + 48_000 == 49_792
     assert terms["eval_sampling"] == 0  # no held-out prompts counted
     assert policy_memory_parts(SHAPE, _policy(), 1) == (160_000, 244_864)
 
 
 def test_an_evaluation_call_samples_a_parts_prompts_times_its_generations_at_once():
     terms = policy_memory_terms(SHAPE, _policy(), 1, eval_prompts_per_rank=50, eval_generations=8)
-    # 400 rows: KV 2 * 400 * 7 * 1 * 2 * 8 * 4 = 358,400; 4 * 400 * 1000 * (6 + 2 * 4) = 22,400,000
-    assert terms["eval_sampling"] == 358_400 + 22_400_000
-    assert policy_memory_parts(SHAPE, _policy(), 1, eval_prompts_per_rank=50, eval_generations=8)[1] == 22_758_400
+    # 400 rows: KV 2 * 400 * 7 * 1 * 2 * 8 * 4 = 358,400; one step's scores 4 * 400 * 1000 * 6 = 9,600,000
+    assert terms["eval_sampling"] == 358_400 + 9_600_000
+    assert policy_memory_parts(SHAPE, _policy(), 1, eval_prompts_per_rank=50, eval_generations=8)[1] == 9_958_400
     greedy = policy_memory_terms(SHAPE, _policy(), 1, eval_prompts_per_rank=50, eval_generations=0)
-    assert greedy["eval_sampling"] == (358_400 + 22_400_000) / 8  # one completion each
+    assert greedy["eval_sampling"] == (358_400 + 9_600_000) / 8  # one completion each
 
 
 def test_grouped_query_attention_keeps_a_narrower_kv_cache():
     gqa = ModelShape(**{**vars(SHAPE), "kv_width": 2})  # e.g. 1 key/value head of size 2 beside a width of 8
-    assert policy_memory_terms(gqa, _policy(), 1)["kv_cache"] == 1792 // 4 + 48_000 + 64_000
+    assert policy_memory_terms(gqa, _policy(), 1)["kv_cache"] == 1792 // 4 + 48_000
 
 
 def test_logits_taken_in_chunks_count_four_copies_of_one_chunk():
@@ -116,14 +116,13 @@ def test_a_lora_checkpoint_part_is_the_adapter_and_its_moments():
     assert policy_memory_terms(adapter, _policy(), 1)["checkpoint"] == 4 * 100 + 8 * 100
 
 
-def test_at_a_large_vocabulary_the_logits_are_most_of_both_phases():
+def test_at_a_large_vocabulary_the_logits_are_most_of_the_update():
     # the benchmark's qwen: 38.5 M parameters, V = 131,072, width 256, 4 layers, 4 heads, 2 prompts x 4
     shape = ModelShape("qwen2", params=38_540_000, vocab=131_072, hidden=256, layers=4, heads=4)
     policy = _policy(num_generations=4, micro_batch_size=4, max_prompt_length=432, max_completion_length=128)
     terms = policy_memory_terms(shape, policy, 2)
-    # N = 8, s = 560: KV 2 * 8 * 560 * 4 layers * 2 * 256 * 4 = 73,400,320; scores and kept logits
-    # 4 * 8 * V * (6 + 2 * 128)
-    assert terms["kv_cache"] == 73_400_320 + 1_098_907_648
+    # N = 8, s = 560: KV 2 * 8 * 560 * 4 layers * 2 * 256 * 4 = 73,400,320; one step's scores 4 * 8 * V * 6
+    assert terms["kv_cache"] == 73_400_320 + 25_165_824
     # micro 4 (one prompt): 432 + 4 * 128 = 944 tokens of 4 * (9 + 5 + 4 + 16) * 256 = 34,816 bytes, the prompt's
     # cache gathered to 4 rows 4 * 560 * 2 * 256 * 4; logits 5 * 4 * [4, 129, V]; the head's gradient 4 * V * 256
     layers = 4 * (944 * 34_816 + 4_587_520)
