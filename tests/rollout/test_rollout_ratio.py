@@ -104,10 +104,11 @@ def test_sampling_runs_under_the_updates_autocast_for_hf_policies_in_mixed_preci
     from types import SimpleNamespace
 
     from mrl_lightning.trainer import MRLTrainer
+    from mrl_lightning.update import sampling_precision
 
     trainer = MRLTrainer(max_steps=1, accelerator="cpu", devices=1, precision=precision,
                          default_root_dir=str(tmp_path), enable_progress_bar=False)
-    with trainer._sampling_precision([SimpleNamespace(rollout_engine=engine)]):
+    with sampling_precision(trainer.fabric, [SimpleNamespace(rollout_engine=engine)]):
         seen = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
     assert seen[0] is under_autocast
     if under_autocast:
