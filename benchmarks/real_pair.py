@@ -98,6 +98,7 @@ def summarize_arm(s: dict, policies: list[str], parts: list[str]) -> dict:
         row["peak_memory_gib"] = max((v for _, v in s.get(f"mwra/{p}/peak_memory_gib", [])), default=math.nan)
         out[p] = row
     out["_step_time_s"] = _mean(steps)
+    out["_exchange_time_s"] = _mean([v for _, v in s.get("train/exchange_time_s", [])])
     return out
 
 
@@ -149,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     for arm in args.arms:
         summary[arm]["_wall_s"] = walls.get(arm, math.nan)
     text = table(summary, policies, parts)
-    walls_line = ", ".join(f"{arm} {summary[arm]['_wall_s']:.0f} s" for arm in args.arms)
+    walls_line = ", ".join(f"{arm} {summary[arm]['_wall_s']:.0f} s (exchange {summary[arm]['_exchange_time_s']:.2f} s "
+                           "a step)" for arm in args.arms)
     (args.out / "summary.md").write_text(f"steps {args.steps}; wall: {walls_line}\n\n{text}\n")
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     print(f"steps {args.steps}; wall: {walls_line}\n{text}")
