@@ -196,7 +196,7 @@ def restore_run_checkpoint(state: dict[str, Any], path: str | Path, *, workers, 
     for name in workers.local_policies:
         saved, optimizer = state["policies"].pop(name), optimizers[name]
         # the saved param groups carry the writer's settings: this config's learning_rate, weight_decay and
-        # foreach are kept (the moments and step counts are the checkpoint's), so a resume applies the lr it logs
+        # foreach / fused are kept (the moments and step counts are the checkpoint's), so a resume applies the lr it logs
         settings = [{key: group[key] for key in _CONFIG_SETTINGS if key in group} for group in optimizer.param_groups]
         try:
             if is_sharded(policies[name].model):  # full tensors in the checkpoint: each rank takes its shard
@@ -227,7 +227,7 @@ def restore_run_checkpoint(state: dict[str, Any], path: str | Path, *, workers, 
     return state["counters"]
 
 
-_CONFIG_SETTINGS = ("lr", "weight_decay", "foreach")
+_CONFIG_SETTINGS = ("lr", "weight_decay", "foreach", "fused")
 """Optimizer settings a resume takes from its config, not from the checkpoint (docs/loop.md, "Resuming")."""
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -138,16 +139,29 @@ def _version(name: str) -> str:
         return "unknown"
 
 
+def host_label() -> str:
+    """This host's name as letters and digits only (a part of a temporary folder's name)."""
+    import socket
+
+    return re.sub(r"[^A-Za-z0-9]", "", socket.gethostname()) or "host"
+
+
 def stale_temporaries(root: Path) -> list[Path]:
     """Temporary conversion folders under ``root`` whose process is gone (a killed conversion).
 
-    Their names are ``.converting-<pid>-<random>``; a folder whose pid is alive belongs to a
-    conversion still running and is left alone.
+    Their names are ``.converting-<host>-<pid>-<random>``; a folder of another host (a cache shared
+    over the network) or whose pid is alive belongs to a conversion that may still be running and is
+    left alone. A name without a host (``.converting-<pid>-<random>``, an older version) is this host's.
     """
-    out = []
+    out, here = [], host_label()
     for path in root.glob(".converting-*"):
+        parts = path.name.split("-")
+        if len(parts) > 2 and not parts[1].isdigit():
+            if parts[1] != here:
+                continue
+            parts = parts[1:]
         try:
-            pid = int(path.name.split("-")[1])
+            pid = int(parts[1])
         except (IndexError, ValueError):
             continue
         try:

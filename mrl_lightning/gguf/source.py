@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from mrl_lightning.errors import ConfigError
-from mrl_lightning.gguf.convert import FORMAT, convert_gguf, read_provenance, stale_temporaries
+from mrl_lightning.gguf.convert import FORMAT, convert_gguf, host_label, read_provenance, stale_temporaries
 from mrl_lightning.gguf.files import GGUFFileError, file_type_name, read_header, sha256_of
 from mrl_lightning.gguf.packaged import PACKAGED, REAL_EXTRA, packaged
 from mrl_lightning.model_source import ModelRecipe, default_cache_dir
@@ -129,7 +129,7 @@ class GGUFModel(ModelRecipe):
 
     def cache_key(self) -> str:
         """Hash of the file (a packaged model: distribution, version, file, pinned sha256), the transformers
-        version that dequantizes it and :data:`~mrl_lightning.gguf.convert.FORMAT`."""
+        and gguf versions that dequantize it and :data:`~mrl_lightning.gguf.convert.FORMAT`."""
         import transformers
 
         if self.package is not None:
@@ -138,7 +138,7 @@ class GGUFModel(ModelRecipe):
                     "sha256": entry.sha256}
         else:
             what = {"sha256": sha256_of(self.gguf_path())}
-        content = {**what, "transformers": transformers.__version__, "format": FORMAT}
+        content = {**what, "transformers": transformers.__version__, "gguf": _gguf_version(), "format": FORMAT}
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
 
     def cache_folder(self) -> Path:
@@ -201,7 +201,7 @@ class GGUFModel(ModelRecipe):
                                 f"not the {entry.sha256} this project pins; reinstall: {entry.install}")
         log(f"[{name}] converting {path.name} ({path.stat().st_size / 1e6:.0f} MB) once into {final} "
             "(tens of seconds; later runs load the folder)")
-        tmp = Path(tempfile.mkdtemp(prefix=f".converting-{os.getpid()}-", dir=root))
+        tmp = Path(tempfile.mkdtemp(prefix=f".converting-{host_label()}-{os.getpid()}-", dir=root))
         source = ({"kind": "package", "package": entry.distribution, "version": entry.installed_version(),
                    "name": PYPI_PREFIX + entry.name} if entry else {"kind": "file"})
         try:
@@ -256,7 +256,18 @@ class GGUFModel(ModelRecipe):
         """The converted folder's ``gguf_source.json`` plus the folder itself; None before conversion."""
         built = self._built()
         prov = read_provenance(built) if built is not None else None
+        if prov is not None and self.package is None:  # a copy of the file elsewhere hits the same entry
+            prov = {**prov, "file": str(self.gguf_path()), "converted_from": prov.get("file")}
         return None if prov is None else {"model": self.label, "folder": str(built), **prov}
+
+
+def _gguf_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("gguf")
+    except Exception:  # noqa: BLE001 - not installed: the conversion itself says so
+        return "none"
 
 
 def _publish(tmp: Path, final: Path) -> None:

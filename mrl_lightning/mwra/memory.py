@@ -209,7 +209,7 @@ def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int, shards
 
     Returns:
         ``weights``, ``gradients``, ``moments``, ``reference``, ``states`` (their sum, per
-        shard), ``activations``, ``optimizer_step``, ``kv_cache``, ``eval_sampling``,
+        shard), ``activations``, ``aux_backward``, ``optimizer_step``, ``kv_cache``, ``eval_sampling``,
         ``checkpoint_write``, ``tokenizer`` and ``checkpoint``, in bytes.
     """
     n = policy.num_generations * prompts_per_rank
@@ -227,6 +227,10 @@ def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int, shards
     copies = UPDATE_LOGIT_COPIES if logits == micro * (length + 1) * shape.vocab else CHUNK_LOGIT_COPIES
     head_gradient = 4.0 * shape.vocab * shape.hidden if shape.trainable is None else 0.0  # LoRA: the head is frozen
     terms["activations"] = _layer_bytes(shape, policy, micro) + copies * 4 * logits + head_gradient
+    # a probe's loss term (SGT, PRP) backpropagates apart from the GRPO gradient, which it keeps: a second set
+    # of gradients, and the activations of a few demo rows (counted as one row)
+    terms["aux_backward"] = 4.0 * trainable / (shards if sharded else 1) + _layer_bytes(shape, policy, 1) \
+        + head_gradient
     # foreach AdamW: sqrt(exp_avg_sq), one per trained parameter; the fused kernel steps each tensor in place
     terms["optimizer_step"] = 0.0 if getattr(policy, "fused_optimizer", False) else terms["gradients"]
     vllm = getattr(policy, "rollout_engine", "hf") != "hf"
@@ -243,8 +247,8 @@ def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int, shards
     return terms
 
 
-TRANSIENTS = {"activations": "update", "optimizer_step": "optimizer step", "kv_cache": "sampling",
-              "eval_sampling": "evaluation", "checkpoint_write": "checkpoint"}
+TRANSIENTS = {"activations": "update", "aux_backward": "aux. backward", "optimizer_step": "optimizer step",
+              "kv_cache": "sampling", "eval_sampling": "evaluation", "checkpoint_write": "checkpoint"}
 """The transient terms, by the phase each belongs to (the plan's ``peak`` column)."""
 
 

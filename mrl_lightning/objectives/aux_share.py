@@ -185,11 +185,14 @@ def backward_aux_losses(aux_losses: list, policy, model, backward: Callable[[Ten
                         f"{prefix}/grpo_grad_norm_min": Min(main_norm)})
         if floor is not None:
             metrics[f"{prefix}/grad_share_floor_active"] = float(main_norm < floor)
-        for i, g in enumerate(grads):
+        for i, g in enumerate(grads):  # in place: two sets of gradients alive at most (docs/mwra.md)
+            grads[i] = None
             if g is None or scale == 0.0:
                 continue
-            g = g if scale == 1.0 else g * scale
-            total[i] = g if total[i] is None else total[i] + g
+            if scale != 1.0:
+                g.mul_(scale)  # the same rounding as g * scale
+            total[i] = g if total[i] is None else total[i].add_(g)
+        del grads
     for p, g in zip(params, total):
         p.grad = g
     return metrics

@@ -20,8 +20,9 @@ for it and then asks that it be one value:
 2. the statement's result: what follows its last ``=``, "equals", "is", "are", "gives" or "makes",
    when a number follows it ("The sum of 53 and 4 is 57." -> "57."); else the whole statement
    ("57 is the answer.");
-3. its numbers (an optional sign, digits with optional thousands separators ``1,234`` and decimals
-   ``12.5``; a currency sign or a unit around them is ignored): the answer when they all have one
+3. its numbers (an optional sign, a Unicode minus ``\u2212`` read as ``-``, digits with optional
+   thousands separators ``1,234`` and decimals ``12.5``; a currency sign or a unit set apart by a
+   space is ignored, a unit glued to the number, ``5kg``, makes it no number): the answer when they all have one
    value (``57`` and ``57.0`` agree), written canonically (``"57"``, ``"-12"``, ``"1234"``, ``"12.5"``);
    None when there is none or more than one value (a hedge, or a statement that is not an answer:
    "we need to add 53 and 4").
@@ -42,7 +43,8 @@ _ANCHOR = re.compile(r"\banswer\b\s*(?:is\b|:)\s*", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"\n|(?<=[.!?])(?=\s|$)")
 _RESULT = re.compile(r"=|\bequals?\b|\bis\b|\bare\b|\bgives\b|\bmakes\b", re.IGNORECASE)
 _NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w]|\.\d)")
-RULE_VERSION = "final-number-v1"
+_MINUS_SIGNS = str.maketrans({"\u2212": "-", "\ufe63": "-", "\uff0d": "-"})  # a Unicode minus is a minus
+RULE_VERSION = "final-number-v2"
 
 
 def answer_statement(completion: str) -> str:
@@ -83,6 +85,7 @@ def final_number(completion: str) -> str | None:
         "The total is 1,234 apples."; None for "57 or 58", "we need to add 53 and" or "".
     """
     values = set()
+    completion = completion.translate(_MINUS_SIGNS)
     for text in _NUMBER.findall(statement_result(answer_statement(completion))):
         try:
             values.add(Decimal(text.replace(",", "")))

@@ -133,10 +133,15 @@ def test_an_interrupted_conversion_leaves_no_half_folder_and_a_killed_ones_lefto
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     killed = cache / "models" / f".converting-{int(dead.stdout)}-abc"  # a conversion killed with SIGKILL
     running = cache / "models" / f".converting-{os.getpid()}-def"    # one still running (this process)
-    killed.mkdir()
-    running.mkdir()
+    from mrl_lightning.gguf.convert import host_label
+
+    ours_killed = cache / "models" / f".converting-{host_label()}-{int(dead.stdout)}-ghi"  # this host's naming
+    elsewhere = cache / "models" / f".converting-otherhost{host_label()}-{int(dead.stdout)}-jkl"  # a shared cache's
+    for folder in (killed, running, ours_killed, elsewhere):
+        folder.mkdir()
     _built(gguf_file)
-    assert not killed.exists() and running.exists()
+    assert not killed.exists() and not ours_killed.exists()
+    assert running.exists() and elsewhere.exists()  # alive here, or another host's: its pid says nothing here
 
 
 def test_a_file_that_is_not_gguf_or_missing_is_a_config_error_naming_it(tmp_path, cache):

@@ -127,8 +127,8 @@ def test_memory_estimate_counts_optimizer_state_and_the_reference_model():
     without = policy_memory_bytes(shape, P(), 1)
     P.beta = 0.1
     with_ref = policy_memory_bytes(shape, P(), 1)
-    # 16 bytes per parameter + the optimizer step's temporary (4 a parameter, above a few KB of activations)
-    assert without == 16_000_000 + 4_000_000
+    # 16 bytes per parameter + a probe term's second gradient (4 a parameter, one row's layer, the head's gradient)
+    assert without == 16_000_000 + 4_000_000 + 2 * 1088 + 4 * 100 * 8
     assert with_ref - without == 4_000_000
 
 

@@ -55,6 +55,9 @@ def test_terms_of_a_recipe_policy_sampling_with_hugging_face():
     # scores 6 copies * 4 * [2, 1000]; no kept logits (the engine reads each step's log-probs as it samples)
     assert terms["kv_cache"] == 1792 + 48_000 == 49_792
     assert terms["eval_sampling"] == 0  # no held-out prompts counted
+    # a probe's term backpropagates apart from the GRPO gradient it keeps: a second gradient (4 bytes a trained
+    # parameter), one demo row's layer (3 + 4 tokens, no prompt sharing with one row: 7 * 1088) and the head's gradient
+    assert terms["aux_backward"] == 4 * 10_000 + 7 * 1088 + 32_000 == 79_616
     assert policy_memory_parts(SHAPE, _policy(), 1) == (160_000, 244_864)
 
 
@@ -87,14 +90,19 @@ def test_a_forward_without_shared_prompts_runs_every_row_over_prompt_and_complet
     assert policy_memory_terms(eager, _policy(), 1)["activations"] == 244_864 + 2 * 1 * 49 * 2 * 4
 
 
-def test_the_optimizer_step_can_be_a_policys_largest_transient():
+def test_a_second_gradient_or_the_optimizer_step_can_be_a_policys_largest_transient():
     big = ModelShape("llama", params=100_000_000, vocab=100, hidden=8, layers=1, heads=1)
+    terms = policy_memory_terms(big, _policy(), 1)
+    # a probe term's gradient beside the GRPO one (4 bytes a parameter, one demo row's layer, the head's
+    # gradient) is above foreach AdamW's sqrt temporary (4 bytes a parameter)
+    assert terms["optimizer_step"] == 4 * 100_000_000
+    assert terms["aux_backward"] == 4 * 100_000_000 + 7 * 1088 + 4 * 100 * 8
     states, peak = policy_memory_parts(big, _policy(), 1)
-    assert (states, peak) == (16 * 100_000_000, 4 * 100_000_000)
-    # the fused kernel has no temporary: the update's activations are the peak again
+    assert (states, peak) == (16 * 100_000_000, terms["aux_backward"])
+    # the fused kernel has no temporary; the second gradient is the peak still
     fused = policy_memory_terms(big, _policy(fused_optimizer=True), 1)
     assert fused["optimizer_step"] == 0 and policy_memory_parts(big, _policy(fused_optimizer=True), 1)[1] == \
-        fused["activations"]
+        fused["aux_backward"]
 
 
 def test_a_gzipped_checkpoint_write_holds_two_copies_of_the_largest_tensor():

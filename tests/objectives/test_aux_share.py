@@ -137,3 +137,27 @@ def test_a_huge_but_finite_transfer_gradient_is_bounded_not_dropped():
     assert metrics["sgt/grad_norm"] == pytest.approx(1e20)
     assert metrics["sgt/grad_share"] == pytest.approx(0.5)  # bounded: ||s g_k|| = ||g_0||
     assert w.grad.tolist() == pytest.approx([3.0 + 5.0, 4.0])
+
+
+def test_the_bounded_term_is_added_in_place_with_the_rounding_of_g0_plus_scale_times_gk():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(300, 200)
+    params = list(lin.parameters())
+    x = torch.randn(64, 300)
+
+    class Term:
+        name, max_grad_share, grad_share_floor = "sgt", 0.3, None
+
+        def __call__(self, policy, model, totals):
+            return (lin(x[:3]) ** 2).sum() * 7.3, {}
+
+    lin(x).sin().sum().backward()
+    g0 = [p.grad.clone() for p in params]
+    metrics = backward_aux_losses([Term()], None, lin, lambda loss: loss.backward(), params, tag=lambda n: n)
+    got = [p.grad.clone() for p in params]
+    for p in params:
+        p.grad = None
+    Term()(None, None, None)[0].backward()
+    scale = metrics["sgt/grad_scale"]
+    assert 0.0 < scale < 1.0  # the bound binds
+    assert all(torch.equal(a + p.grad * scale, g) for a, p, g in zip(g0, params, got))

@@ -68,6 +68,21 @@ def test_a_resume_applies_this_configs_learning_rate_also_without_warmup(runs):
     assert [g["lr"] for g in saved["llama"]["optimizer"]["param_groups"]] == [0.01]
 
 
+def test_a_resume_takes_fused_optimizer_from_this_config(runs):
+    code, first = runs("fused_a")  # fused_optimizer false: the foreach path
+    assert code == 0
+
+    def fused(cfg):
+        _policies(cfg)[0]["fused_optimizer"] = True
+        cfg["trainer"]["max_steps"] = 2
+
+    code, resumed = runs("fused_b", fused, *_resume_of(first))
+    assert code == 0
+    saved = load_checkpoint(resumed / "checkpoints" / "last.ckpt")["policies"]
+    assert [g["fused"] for g in saved["gpt2"]["optimizer"]["param_groups"]] == [True]
+    assert [bool(g["fused"]) for g in saved["llama"]["optimizer"]["param_groups"]] == [False]
+
+
 def test_a_resume_under_another_probe_warns_which_state_is_dropped(runs, capsys):
     code, first = runs("probe_a")
     assert code == 0

@@ -36,6 +36,7 @@ STATED = [
     ("#### 18", "18"),
     ("<answer>18</answer> (I checked: 9 + 9 = 18)", "18"),
     ("57 is the answer.", "57"),
+    ("The answer is \u22122.", "-2"),                                                          # a Unicode minus sign
 ]
 HEDGES = [
     "57 or 58",
@@ -90,7 +91,7 @@ def test_final_number_mode_rewards_the_value_in_words_and_never_a_hedge(add_item
     texts = ["47 + 77 = 124. The answer is 124.", "The sum of 47 and 77 is 124.", " 124", "124 or 125",
              "125 or 124", "The answer is 124 or 125.", "47 + 77 = 123", "We need to add 47 and"]
     assert reward(texts, [add_item] * len(texts)) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
-    assert reward.strict and reward.name == "rg_exact_final_number" and reward.version.endswith("final-number-v1")
+    assert reward.strict and reward.name == "rg_exact_final_number" and reward.version.endswith("final-number-v2")
 
 
 def test_the_default_first_line_mode_is_unchanged(add_item):
