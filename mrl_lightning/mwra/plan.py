@@ -275,7 +275,8 @@ def plan_resources(placement: Placement, shapes: dict[str, ModelShape | None], p
         batch_size: B prompts per step.
         device: ``"cpu"``, ``"cuda"``, ...
         strategy: The Fabric strategy's class name (shown in the plan).
-        precision: The Fabric precision (shown; counted in the estimate).
+        precision: The Fabric precision (shown; not a term: the estimate counts activations in float32, and
+            ``bf16-mixed``'s cast copies of the weights, 2 bytes a parameter, fall inside that, docs/mwra.md).
         devices_per_node: Worker processes per node.
         num_threads: ``trainer.num_threads`` (None = derived as above).
         **workload: ``eval_prompts``, ``eval_generations``, ``compress`` (:func:`build_plan`).
