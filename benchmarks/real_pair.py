@@ -1,6 +1,6 @@
 """What the real pair learns: configs/real_small.yaml under SGT and under none, same seed (docs/real_models.md).
 
-    python benchmarks/real_pair.py --steps 120 --out runs/real_pair
+    python benchmarks/real_pair.py --steps 60 --out runs/real_pair
     python benchmarks/real_pair.py --steps 2 --arms sgt --out /tmp/real_pair_smoke     # a smoke run
 
 Runs ``mrl fit --config configs/real_small.yaml`` (SmolLM2-135M-Instruct and Gemma 3 270M,
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=120, help="training steps per arm")
+    parser.add_argument("--steps", type=int, default=60, help="training steps per arm")
     parser.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=["sgt", "none"])
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "real_pair")
     parser.add_argument("--summarize-only", action="store_true", help="read the runs already in --out")
