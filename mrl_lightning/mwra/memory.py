@@ -147,17 +147,18 @@ def model_shape(config) -> ModelShape:
                       eager_attention=getattr(model.config, "_attn_implementation", None) == "eager")
 
 
-def logit_elements(policy, rows: int, positions: int, vocab: int) -> int:
-    """Float32 logits one log-prob call of ``rows`` x ``positions`` holds at its peak, per copy.
+def logit_elements(policy, rows: int, length: int, vocab: int) -> int:
+    """Float32 logits one log-prob call of ``rows`` completions of ``length`` tokens holds at its peak, per copy.
 
-    Whole ``rows * positions * vocab`` unless the policy takes them in chunks
-    (``policy.logprob_chunk_elements``: logits per chunk, the call chunked only above it;
-    None, absent or an ``fsdp`` policy = whole); then one chunk's ``(chunk_elements // V) * V``.
+    Whole ``rows * (length + 1) * vocab`` (the model's logits include the position before the first
+    completion token) unless the policy takes them in chunks (``policy.logprob_chunk_elements``: logits
+    per chunk; the call is chunked when ``rows * length * vocab`` is above it, as the log-prob call
+    decides; None, absent or an ``fsdp`` policy = whole); then one chunk's ``(chunk_elements // V) * V``.
     """
-    whole = rows * positions * vocab
+    whole = rows * (length + 1) * vocab
     # an fsdp policy takes its logits whole (every rank must run the same head calls)
     chunk = None if getattr(policy, "fsdp", False) else getattr(policy, "logprob_chunk_elements", None)
-    if not chunk or whole <= chunk:
+    if not chunk or rows * length * vocab <= chunk:
         return whole
     return max(1, chunk // vocab) * vocab
 
@@ -223,7 +224,7 @@ def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int, shards
     for key in ("weights", "gradients", "moments", "reference"):
         terms[key] /= shards if sharded else 1  # 1/k of each on each rank of the group
     terms["states"] = terms["weights"] + terms["gradients"] + terms["moments"] + terms["reference"]
-    logits = logit_elements(policy, micro, length + 1, shape.vocab)
+    logits = logit_elements(policy, micro, length, shape.vocab)
     copies = UPDATE_LOGIT_COPIES if logits == micro * (length + 1) * shape.vocab else CHUNK_LOGIT_COPIES
     head_gradient = 4.0 * shape.vocab * shape.hidden if shape.trainable is None else 0.0  # LoRA: the head is frozen
     terms["activations"] = _layer_bytes(shape, policy, micro) + copies * 4 * logits + head_gradient

@@ -81,6 +81,11 @@ def test_logits_taken_in_chunks_count_four_copies_of_one_chunk():
     assert policy_memory_terms(SHAPE, chunked, 1)["activations"] == 244_864 - 200_000 + 4 * 4 * 3_000
     whole = _policy(logprob_chunk_elements=10_000)  # at or below the threshold: taken whole, as before
     assert policy_memory_terms(SHAPE, whole, 1)["activations"] == 244_864
+    # the call decides on rows x L x V (2 x 4 x 1000 = 8,000, not the 10,000 logits it holds), as the plan does
+    at_call = _policy(logprob_chunk_elements=8_000)
+    assert policy_memory_terms(SHAPE, at_call, 1)["activations"] == 244_864
+    assert policy_memory_terms(SHAPE, _policy(logprob_chunk_elements=7_999), 1)["activations"] == \
+        244_864 - 200_000 + 4 * 4 * 7_000
 
 
 def test_a_forward_without_shared_prompts_runs_every_row_over_prompt_and_completion():
