@@ -118,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         print(f"mrl bandit: error: --out {args.out} is a file; give a folder (created if missing).", file=sys.stderr)
         return 2
+    try:  # before the work: a folder that cannot be made fails here, not after the analysis
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as err:
+        print(f"mrl bandit: error: --out {args.out} cannot be created ({err.strerror}); give a folder this user "
+              "can write.", file=sys.stderr)
+        return 2
     from mrl_lightning.analysis.report import summary_table, write_results  # matplotlib: only when run
     from mrl_lightning.analysis.simulate import run_analysis
 

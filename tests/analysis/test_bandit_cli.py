@@ -78,3 +78,12 @@ def test_same_seed_gives_identical_results(tiny_cfg):
 def test_other_seed_gives_other_results(tiny_cfg):
     other = BanditConfig(**{**vars(tiny_cfg), "seed": 12})
     assert run_analysis(tiny_cfg)["probes"][0]["init"] != run_analysis(other)["probes"][0]["init"]
+
+
+def test_an_out_folder_that_cannot_be_made_is_one_line_before_the_work(tmp_path, capsys, monkeypatch):
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setattr("mrl_lightning.analysis.simulate.run_analysis",
+                        lambda cfg: pytest.fail("the analysis ran before --out was checked"))
+    assert main(["--out", str(tmp_path / "afile" / "sub"), *TINY]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "afile/sub cannot be created" in err[0] and "Traceback" not in err[0]
