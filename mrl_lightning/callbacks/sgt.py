@@ -244,7 +244,7 @@ class SuccessGatedTransfer(MRLCallback):
                 if rollout is not None:  # the source's tokens are known: map the full trace (THL residual)
                     trace = transfer_trace(system.policies[source].tokenizer, rollout.token_ids, rollout.logprobs,
                                            policy.tokenizer, batch.scored.prompt_texts[b], text, add_eos=True,
-                                           eos_id=end)
+                                           eos_id=end, stop=system.policies[source].stop or ())
                     traces.append(trace)
                     r = trace.retokenized
                 else:

@@ -162,6 +162,27 @@ class MappedTrace:
         return self.source_round_trip_ok and self.retokenized.round_trip_ok and self.alignment.bytes_match
 
 
+def _cut_at_stop(spelled: bytes, text: bytes, stop: Sequence[str]) -> bool:
+    """Whether ``spelled`` is ``text`` and then a tail that holds one of ``stop`` (reaching back into the text at
+    most the stop's length less one byte, for a stop kept in the text)."""
+    if not stop or len(spelled) <= len(text) or not spelled.startswith(text):
+        return False
+    for s in stop:
+        b = s.encode("utf-8")
+        if b and b in spelled[max(0, len(text) - len(b) + 1):]:
+            return True
+    return False
+
+
+def _within(pieces: list[bytes], n: int) -> list[bytes]:
+    """``pieces`` with every byte from offset ``n`` on removed (a piece wholly past it becomes empty)."""
+    out, at = [], 0
+    for piece in pieces:
+        out.append(piece[: max(0, n - at)])
+        at += len(piece)
+    return out
+
+
 def transfer_trace(
     source_tokenizer: Any,
     source_ids: Sequence[int],
@@ -171,6 +192,7 @@ def transfer_trace(
     completion_text: str,
     add_eos: bool = False,
     eos_id: int | None = None,
+    stop: Sequence[str] = (),
 ) -> MappedTrace:
     """Retokenize a peer completion for the receiver and map its log-probs (docs/thl.md).
 
@@ -183,6 +205,9 @@ def transfer_trace(
         completion_text: The completion text (as in ``RolloutRecord.completion_text``).
         add_eos: Append the receiver's end id (it receives the source's end log-prob if any).
         eos_id: That id (the receiver's end of turn, e.g. ``<|eot_id|>``); None = its EOS.
+        stop: The producer's stop strings: a completion cut at one keeps the token that completed it
+            while its text ends before it (docs/rollout.md, "Stop strings"), so its ids spelling the text
+            and then a tail that holds the stop string is a round trip, not a failure.
 
     Returns:
         A :class:`MappedTrace`.
@@ -195,10 +220,14 @@ def transfer_trace(
     source_ids = source_ids.tolist() if hasattr(source_ids, "tolist") else list(source_ids)
     retok = retokenize(target_tokenizer, prompt_text, completion_text, add_eos=add_eos, eos_id=eos_id)
     src_pieces = token_bytes(source_tokenizer, source_ids)
+    text_bytes = completion_text.encode("utf-8", "surrogateescape")
+    spelled = b"".join(src_pieces)
+    cut = spelled != text_bytes and _cut_at_stop(spelled, text_bytes, stop)
+    if cut:  # the stop's bytes past the text are the producer's "end": its tokens then map as an EOS does
+        src_pieces = _within(src_pieces, len(text_bytes))
     tgt_pieces = token_bytes(target_tokenizer, retok.completion_ids)
     alignment = align_bytes(src_pieces, tgt_pieces)
     lps = _as_list(source_logprobs, len(source_ids), "source_logprobs")
     mapped = map_logprobs(lps, alignment)
-    text_bytes = completion_text.encode("utf-8", "surrogateescape")
-    source_ok = b"".join(src_pieces) == text_bytes
+    source_ok = spelled == text_bytes or cut
     return MappedTrace(retok, alignment, [float(x) for x in lps], mapped, source_ok, conservation_error(lps, mapped))

@@ -92,3 +92,19 @@ SPACEY = st.text(alphabet=st.sampled_from(list(" \t\n\r0123456789abcXYZ.,-_<>/|\
 def test_whitespace_digit_and_marker_heavy_text_round_trips_for_all_pairs(toks, text):
     for source, target in PAIRS:
         check_pair(toks[source], toks[target], text)
+
+
+def test_a_completion_cut_at_its_stop_string_round_trips_and_keeps_its_mass(toks):
+    # the producer's ids spell the text and then the token that completed the stop (docs/rollout.md, "Stop
+    # strings"): a round trip when the producer's stop is given, a failure (as before) when it is not
+    src_tok, tgt_tok = toks["sp-bpe"], toks["byte-bpe"]
+    text = " 36"
+    src_ids = encode_completion(src_tok, text + "\n").completion_ids  # the newline token ended it
+    lps = [-0.25 - 0.1 * i for i in range(len(src_ids))]
+    cut = transfer_trace(src_tok, src_ids, lps, tgt_tok, "Q: 4*9?\nA:", text, add_eos=True, stop=["\n"])
+    assert cut.round_trip_ok and cut.retokenized.completion_ids[-1] == tgt_tok.eos_token_id
+    assert abs(sum(cut.logprobs) - sum(lps)) <= 1e-5
+    assert not transfer_trace(src_tok, src_ids, lps, tgt_tok, "Q: 4*9?\nA:", text, add_eos=True).round_trip_ok
+    # a tail without the stop is still a failure
+    other = encode_completion(src_tok, text + "7").completion_ids
+    assert not transfer_trace(src_tok, other, [-1.0] * len(other), tgt_tok, "Q", text, stop=["\n"]).round_trip_ok
