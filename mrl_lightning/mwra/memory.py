@@ -87,6 +87,13 @@ freed gradients' heap (docs/mwra.md, "The memory model")."""
 TOKENIZER_BYTES_PER_TOKEN = 3584
 """A fast tokenizer and THL's byte table: 1.7 KiB (Tekken) - 3.3 KiB (Mistral v1) per token measured."""
 
+CPU_BF16_KERNEL_CACHE_GIB = 1.0
+"""A CPU worker under bf16 autocast: oneDNN keeps a compiled kernel for every matmul shape it has run
+(its primitive cache, 1,024 entries by default, about 0.55 MB each here, plus code outside it), and a
+run's shapes change with every prompt and completion length. Measured on the real pair: each
+worker's peak grew by 1.0-1.2 GiB from step 2 to step 60 under bf16-mixed (docs/mwra.md, "The
+memory model"); none in float32. ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` lowers it."""
+
 
 @dataclass
 class ModelShape:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.mwra.memory import (  # noqa: F401 - also from here
     ALLOCATOR_SLACK,
+    CPU_BF16_KERNEL_CACHE_GIB,
     GIB,
     ModelShape,
     largest_transient,
@@ -233,8 +234,10 @@ def validate_resources(
         raise ConfigError("Invalid resource plan (MWRA):\n  - " + "\n  - ".join(errors))
 
 
-def format_plan(rows: list[PolicyPlacement], placement: Placement, framework_gib: float) -> str:
-    """The plan as a plain-text table plus one line per worker total."""
+def format_plan(rows: list[PolicyPlacement], placement: Placement, framework_gib: float,
+                kernel_cache_gib: float = 0.0) -> str:
+    """The plan as a plain-text table plus one line per worker total (``kernel_cache_gib``: a CPU worker's
+    bf16 kernel cache, :data:`~mrl_lightning.mwra.memory.CPU_BF16_KERNEL_CACHE_GIB`, added to each)."""
     def ranks_text(ranks: tuple[int, ...]) -> str:
         return str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
 
@@ -248,9 +251,10 @@ def format_plan(rows: list[PolicyPlacement], placement: Placement, framework_gib
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731
     out = [f"placement: {placement.mode}, {placement.world_size} worker(s)", line(header),
            line(["-" * w for w in widths])] + [line(b) for b in body]
-    totals = ", ".join(f"rank {k}: {worker_memory_gib(rows, k, framework_gib):.2f}"
+    totals = ", ".join(f"rank {k}: {worker_memory_gib(rows, k, framework_gib + kernel_cache_gib):.2f}"
                        for k in range(min(placement.world_size, 8)))
-    out.append(f"estimated GiB per worker incl. {framework_gib:.2f} GiB measured process footprint and "
+    kernels = f", {kernel_cache_gib:.2f} GiB of bf16 kernel cache" if kernel_cache_gib else ""
+    out.append(f"estimated GiB per worker incl. {framework_gib:.2f} GiB measured process footprint{kernels} and "
                f"{ALLOCATOR_SLACK:.0%} allocator slack (not counted: exchange buffer, CUDA context): {totals}"
                + (" ..." if placement.world_size > 8 else ""))
     if any(r.size_is_bound for r in rows):
@@ -293,6 +297,7 @@ def plan_resources(placement: Placement, shapes: dict[str, ModelShape | None], p
     threads = num_threads or omp_threads() or max(1, cores // devices_per_node)
     rows = build_plan(placement, shapes, policies, batch_size, device, strategy, precision, threads, **workload)
     framework = process_rss_bytes() / GIB if device == "cpu" else 0.0
+    kernels = CPU_BF16_KERNEL_CACHE_GIB if device == "cpu" and str(precision).startswith("bf16") else 0.0
     if device == "cuda" and torch.cuda.is_available():
         available, memory = torch.cuda.device_count(), torch.cuda.get_device_properties(0).total_memory / GIB
     else:
@@ -301,5 +306,5 @@ def plan_resources(placement: Placement, shapes: dict[str, ModelShape | None], p
     validate_resources(rows, placement, device=device, devices_per_node=devices_per_node,
                        available_devices=available, cores=cores, threads=threads,
                        threads_given=num_threads is not None, batch_size=batch_size,
-                       framework_gib=framework, device_memory_gib=memory)
-    return format_plan(rows, placement, framework), threads
+                       framework_gib=framework + kernels, device_memory_gib=memory)
+    return format_plan(rows, placement, framework, kernels), threads

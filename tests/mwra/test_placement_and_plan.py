@@ -168,6 +168,29 @@ def test_the_plan_marks_a_recipes_sizes_as_upper_bounds_and_a_folders_as_exact()
     assert "upper bound" not in format_plan(rows[1:], placement, framework_gib=0.3)
 
 
+def test_a_cpu_worker_under_bf16_counts_the_kernel_cache_once_and_float32_does_not(monkeypatch):
+    from mrl_lightning.mwra import plan
+    from mrl_lightning.mwra.memory import CPU_BF16_KERNEL_CACHE_GIB
+
+    placement = build_placement("colocated", None, ["a"], 1)
+    shape = ModelShape("llama", params=1_000, vocab=100, hidden=8, layers=1, heads=1)
+
+    class P:
+        num_generations, micro_batch_size, max_prompt_length, max_completion_length, beta = 2, None, 4, 4, 0.0
+
+    monkeypatch.setattr(plan, "process_rss_bytes", lambda: 0.5 * plan.GIB)
+
+    def total(precision):
+        text, _ = plan.plan_resources(placement, {"a": shape}, {"a": P()}, 1, "cpu", "SingleDeviceStrategy",
+                                      precision, 1, 1)
+        return float(text.splitlines()[-1].split("rank 0: ")[1]), text
+
+    fp32, text32 = total("32-true")
+    bf16, text16 = total("bf16-mixed")
+    assert bf16 - fp32 == pytest.approx(CPU_BF16_KERNEL_CACHE_GIB, abs=0.006)  # once per worker, not per policy
+    assert "kernel cache" in text16 and "kernel cache" not in text32
+
+
 def test_a_recipe_policy_says_its_sizes_are_bounds_and_a_folder_policy_does_not(tmp_path):
     from types import SimpleNamespace
 
