@@ -195,8 +195,9 @@ def restore_run_checkpoint(state: dict[str, Any], path: str | Path, *, workers, 
     load_policy_parts(state, list(workers.local_policies), path)
     for name in workers.local_policies:
         saved, optimizer = state["policies"].pop(name), optimizers[name]
-        # the saved param groups carry the writer's settings: this config's learning_rate, weight_decay and
-        # foreach / fused are kept (the moments and step counts are the checkpoint's), so a resume applies the lr it logs
+        # the saved param groups carry the writer's settings: this config's learning_rate, weight_decay,
+        # foreach and fused are kept (the moments and step counts are the checkpoint's), so a resume
+        # applies the lr it logs
         settings = [{key: group[key] for key in _CONFIG_SETTINGS if key in group} for group in optimizer.param_groups]
         try:
             if is_sharded(policies[name].model):  # full tensors in the checkpoint: each rank takes its shard
