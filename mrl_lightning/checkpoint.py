@@ -168,6 +168,8 @@ def load_checkpoint(path: str | Path, policies: list[str] | tuple[str, ...] | No
         state = _load_manifest(path)
         try:
             load_policy_parts(state, checkpoint_policies(state) if policies is None else list(policies), path)
+            if policies is not None and not list(policies):  # the manifest only: its parts must be there still
+                check_parts_present(state, path)
             return state
         except CheckpointError as exc:
             # the run replaced this manifest and removed the parts it named while we read them: read it again
@@ -201,6 +203,34 @@ def checkpoint_policies(state: dict[str, Any]) -> list[str]:
     return list(state["parts"]) if isinstance(state.get("parts"), dict) else list(state["policies"])
 
 
+def _missing_part(manifest: Path, state: dict[str, Any], name: str) -> CheckpointError:
+    """The error for policy ``name``'s part file of ``manifest`` not being there."""
+    file = manifest.parent / state["parts"][name]["file"]
+    replaced = _replaced(manifest, state)
+    error = CheckpointError(
+        f"the part of policy {name!r} of ckpt_path={str(manifest)!r} ({file}) is missing. A checkpoint is its "
+        f"manifest ({manifest.name}) and its folder {Path(state['parts'][name]['file']).parent}/ beside it: copy "
+        "or keep both" + ("; this manifest was replaced by a newer checkpoint while it was read, read it again."
+                          if replaced else "."))
+    error.replaced = replaced
+    return error
+
+
+def check_parts_present(state: dict[str, Any], path: str | Path) -> None:
+    """Every part file the manifest names is there (a stat each, nothing read): the check before any build.
+
+    Raises:
+        CheckpointError: a part file is missing (as :func:`load_policy_parts` would say, later).
+    """
+    parts = state.get("parts")
+    if not isinstance(parts, dict):
+        return
+    manifest = Path(path).expanduser()
+    for name in parts:
+        if not (manifest.parent / parts[name]["file"]).is_file():
+            raise _missing_part(manifest, state, name)
+
+
 def load_policy_parts(state: dict[str, Any], names: list[str], path: str | Path) -> None:
     """Load the named policies' part files into ``state["policies"]`` (already there: left as they are).
 
@@ -227,14 +257,7 @@ def load_policy_parts(state: dict[str, Any], names: list[str], path: str | Path)
         try:
             part = _read(file, what)
         except FileNotFoundError:
-            replaced = _replaced(manifest, state)
-            error = CheckpointError(
-                f"{what} is missing. A checkpoint is its manifest ({manifest.name}) and its folder "
-                f"{Path(parts[name]['file']).parent}/ beside it: copy or keep both"
-                + ("; this manifest was replaced by a newer checkpoint while it was read, read it again." if replaced
-                   else "."))
-            error.replaced = replaced
-            raise error from None
+            raise _missing_part(manifest, state, name) from None
         if not isinstance(part, dict) or part.get("format") != PART_FORMAT or part.get("policy") != name \
                 or int(part.get("step", -1)) != step:
             got = (part.get("policy"), part.get("step")) if isinstance(part, dict) else None

@@ -199,3 +199,15 @@ def test_a_single_file_checkpoint_of_format_two_still_resumes_exactly(write_tiny
         for key, value in part["model"].items():
             assert torch.equal(b["policies"][name]["model"][key], value), f"{name}.{key}"
     assert a["counters"] == b["counters"] and a["callbacks"] == b["callbacks"]
+
+
+def test_a_manifest_copied_without_its_parts_is_refused_when_read_alone_before_any_build(tmp_path):
+    # the check before the build reads the manifest only (policies=()): a missing part is named there, once,
+    # not later by every worker as it restores
+    _save(tmp_path / "run", 1, _policies(), keep=1)
+    (tmp_path / "alone").mkdir()
+    shutil.copy(tmp_path / "run" / "last.ckpt", tmp_path / "alone" / "last.ckpt")
+    with pytest.raises(CheckpointError, match=r"of policy 'a' .* is missing\. A checkpoint is its manifest \(last.ckpt\) "
+                                              r"and its folder step=1.parts/ beside it: copy or keep both\.$"):
+        load_checkpoint(tmp_path / "alone" / "last.ckpt", policies=())
+    assert load_checkpoint(tmp_path / "run" / "last.ckpt", policies=())["policies"] == {}
