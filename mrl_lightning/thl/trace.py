@@ -163,13 +163,13 @@ class MappedTrace:
 
 
 def _cut_at_stop(spelled: bytes, text: bytes, stop: Sequence[str]) -> bool:
-    """Whether ``spelled`` is ``text`` and then a tail that holds one of ``stop`` (reaching back into the text at
-    most the stop's length less one byte, for a stop kept in the text)."""
+    """Whether ``spelled`` is ``text`` and then a tail, with one of ``stop`` in the tail or ending the text (a stop
+    kept in the text, ``include_stop_str_in_output``, whose token went on past it)."""
     if not stop or len(spelled) <= len(text) or not spelled.startswith(text):
         return False
     for s in stop:
         b = s.encode("utf-8")
-        if b and b in spelled[max(0, len(text) - len(b) + 1):]:
+        if b and b in spelled[max(0, len(text) - len(b)):]:
             return True
     return False
 

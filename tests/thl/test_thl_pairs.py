@@ -105,6 +105,9 @@ def test_a_completion_cut_at_its_stop_string_round_trips_and_keeps_its_mass(toks
     assert cut.round_trip_ok and cut.retokenized.completion_ids[-1] == tgt_tok.eos_token_id
     assert abs(sum(cut.logprobs) - sum(lps)) <= 1e-5
     assert not transfer_trace(src_tok, src_ids, lps, tgt_tok, "Q: 4*9?\nA:", text, add_eos=True).round_trip_ok
+    # a stop kept in the text (include_stop_str_in_output) whose token went on past it
+    kept = encode_completion(src_tok, text + "\nQ").completion_ids
+    assert transfer_trace(src_tok, kept, [-1.0] * len(kept), tgt_tok, "Q", text + "\n", stop=["\n"]).round_trip_ok
     # a tail without the stop is still a failure
     other = encode_completion(src_tok, text + "7").completion_ids
     assert not transfer_trace(src_tok, other, [-1.0] * len(other), tgt_tok, "Q", text, stop=["\n"]).round_trip_ok
