@@ -210,6 +210,10 @@ def restore_run_checkpoint(state: dict[str, Any], path: str | Path, *, workers, 
                 f"({str(exc).splitlines()[0]} ...); resume with the config the checkpoint was made with."
             ) from exc
         if not is_sharded(policies[name].model):
+            # the config's settings go into the saved groups before the load: torch places each parameter's
+            # `step` by the group's fused / capturable setting as it loads (on the device for a fused group)
+            for group, kept in zip(saved["optimizer"].get("param_groups", []), settings):
+                group.update(kept)
             optimizer.load_state_dict(saved["optimizer"])
         for group, kept in zip(optimizer.param_groups, settings):
             group.update(kept)

@@ -118,11 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         print(f"mrl bandit: error: --out {args.out} is a file; give a folder (created if missing).", file=sys.stderr)
         return 2
-    try:  # before the work: a folder that cannot be made fails here, not after the analysis
+    try:  # before the work: a folder that cannot be made or written fails here, not after the analysis
         os.makedirs(args.out, exist_ok=True)
+        problem = None if os.access(args.out, os.W_OK) else "not writable"
     except OSError as err:
-        print(f"mrl bandit: error: --out {args.out} cannot be created ({err.strerror}); give a folder this user "
-              "can write.", file=sys.stderr)
+        problem = f"cannot be created ({err.strerror})"
+    if problem:
+        print(f"mrl bandit: error: --out {args.out} {problem}; give a folder this user can write.", file=sys.stderr)
         return 2
     from mrl_lightning.analysis.report import summary_table, write_results  # matplotlib: only when run
     from mrl_lightning.analysis.simulate import run_analysis

@@ -280,10 +280,12 @@ class PeerRolloutPooling(MRLCallback):
             if not bool(rows[b]):
                 continue
             for rec in chosen.get(pid, []):
-                trace = transfer_trace(system.policies[rec.source].tokenizer, rec.token_ids, rec.logprobs, tok,
+                producer = system.policies[rec.source]
+                trace = transfer_trace(producer.tokenizer, rec.token_ids, rec.logprobs, tok,
                                        scored.prompt_texts[b], rec.completion_text,  # "eos": older records
                                        add_eos=rec.finish_reason in ("stop", "eos"), eos_id=policy.end_of_turn_id,
-                                       stop=system.policies[rec.source].stop or ())
+                                       stop=producer.stop or (),
+                                       include_stop_str_in_output=producer.include_stop_str_in_output)
                 traces.append(trace)
                 if not trace.round_trip_ok or not trace.retokenized.completion_ids:
                     failures += 1

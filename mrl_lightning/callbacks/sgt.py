@@ -242,9 +242,11 @@ class SuccessGatedTransfer(MRLCallback):
                 source = source_of[(items[b].prompt_id, text)]
                 rollout = traces_by_key.get((items[b].prompt_id, source, text))
                 if rollout is not None:  # the source's tokens are known: map the full trace (THL residual)
-                    trace = transfer_trace(system.policies[source].tokenizer, rollout.token_ids, rollout.logprobs,
+                    producer = system.policies[source]
+                    trace = transfer_trace(producer.tokenizer, rollout.token_ids, rollout.logprobs,
                                            policy.tokenizer, batch.scored.prompt_texts[b], text, add_eos=True,
-                                           eos_id=end, stop=system.policies[source].stop or ())
+                                           eos_id=end, stop=producer.stop or (),
+                                           include_stop_str_in_output=producer.include_stop_str_in_output)
                     traces.append(trace)
                     r = trace.retokenized
                 else:

@@ -140,29 +140,38 @@ def _version(name: str) -> str:
 
 
 def host_label() -> str:
-    """This host's name as letters and digits only (a part of a temporary folder's name)."""
+    """This host, for a temporary folder's name: its name's letters and digits (at most 16) and a short hash of
+    the whole name, so that ``gpu-01`` and ``gpu01`` differ and the label is never digits alone."""
+    import hashlib
     import socket
 
-    return re.sub(r"[^A-Za-z0-9]", "", socket.gethostname()) or "host"
+    name = socket.gethostname()
+    return "h" + re.sub(r"[^A-Za-z0-9]", "", name)[:16] + hashlib.sha256(name.encode()).hexdigest()[:8]
 
 
 def stale_temporaries(root: Path) -> list[Path]:
     """Temporary conversion folders under ``root`` whose process is gone (a killed conversion).
 
-    Their names are ``.converting-<host>-<pid>-<random>``; a folder of another host (a cache shared
-    over the network) or whose pid is alive belongs to a conversion that may still be running and is
-    left alone. A name without a host (``.converting-<pid>-<random>``, an older version) is this host's.
+    Their names are ``.converting-<host>-<pid>-<random>`` (no part holds a ``-``: the host is
+    :func:`host_label`, the random part ``tempfile``'s letters, digits and underscores); a folder of
+    another host (a cache shared over the network) or whose pid is alive belongs to a conversion that
+    may still be running and is left alone. ``.converting-<pid>-<random>`` (an older version, three
+    parts) is this host's.
     """
     out, here = [], host_label()
     for path in root.glob(".converting-*"):
         parts = path.name.split("-")
-        if len(parts) > 2 and not parts[1].isdigit():
+        if len(parts) == 4:
             if parts[1] != here:
                 continue
-            parts = parts[1:]
+            pid_text = parts[2]
+        elif len(parts) == 3:
+            pid_text = parts[1]
+        else:
+            continue
         try:
-            pid = int(parts[1])
-        except (IndexError, ValueError):
+            pid = int(pid_text)
+        except ValueError:
             continue
         try:
             os.kill(pid, 0)

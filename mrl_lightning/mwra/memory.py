@@ -170,6 +170,12 @@ def logit_elements(policy, rows: int, length: int, vocab: int) -> int:
     return max(1, chunk // vocab) * vocab
 
 
+def _one_row_logits(policy, length: int, vocab: int) -> float:
+    """Bytes of the logits one row's log-prob call holds at its peak (whole or in chunks, as :func:`logit_elements`)."""
+    one = logit_elements(policy, 1, length, vocab)
+    return float((UPDATE_LOGIT_COPIES if one == (length + 1) * vocab else CHUNK_LOGIT_COPIES) * 4 * one)
+
+
 def _sampling_bytes(shape: ModelShape, policy, rows: int, kv_only: bool) -> float:
     """The KV cache of ``rows`` sequences of s tokens (twice: it grows by concatenation), one step's
     scores and the logits ``generate`` keeps (module docstring)."""
@@ -236,9 +242,10 @@ def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int, shards
     head_gradient = 4.0 * shape.vocab * shape.hidden if shape.trainable is None else 0.0  # LoRA: the head is frozen
     terms["activations"] = _layer_bytes(shape, policy, micro) + copies * 4 * logits + head_gradient
     # a probe's loss term (SGT, PRP) backpropagates apart from the GRPO gradient, which it keeps: a second set
-    # of gradients, and the activations of a few demo rows (counted as one row)
+    # of gradients, and the activations and logits of its rows (counted as one row: SGT's few demos; PRP's
+    # peer rows, up to prompts x max_peers_per_prompt in one call, are more: docs/mwra.md)
     terms["aux_backward"] = 4.0 * trainable / (shards if sharded else 1) + _layer_bytes(shape, policy, 1) \
-        + head_gradient
+        + head_gradient + _one_row_logits(policy, length, shape.vocab)
     # foreach AdamW: sqrt(exp_avg_sq), one per trained parameter; the fused kernel steps each tensor in place
     terms["optimizer_step"] = 0.0 if getattr(policy, "fused_optimizer", False) else terms["gradients"]
     vllm = getattr(policy, "rollout_engine", "hf") != "hf"

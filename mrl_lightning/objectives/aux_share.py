@@ -185,7 +185,7 @@ def backward_aux_losses(aux_losses: list, policy, model, backward: Callable[[Ten
                         f"{prefix}/grpo_grad_norm_min": Min(main_norm)})
         if floor is not None:
             metrics[f"{prefix}/grad_share_floor_active"] = float(main_norm < floor)
-        for i, g in enumerate(grads):  # in place: two sets of gradients alive at most (docs/mwra.md)
+        for i, g in enumerate(grads):  # in place: no third set for the sum (docs/mwra.md, "aux. backward")
             grads[i] = None
             if g is None or scale == 0.0:
                 continue

@@ -162,14 +162,23 @@ class MappedTrace:
         return self.source_round_trip_ok and self.retokenized.round_trip_ok and self.alignment.bytes_match
 
 
-def _cut_at_stop(spelled: bytes, text: bytes, stop: Sequence[str]) -> bool:
-    """Whether ``spelled`` is ``text`` and then a tail, with one of ``stop`` in the tail or ending the text (a stop
-    kept in the text, ``include_stop_str_in_output``, whose token went on past it)."""
-    if not stop or len(spelled) <= len(text) or not spelled.startswith(text):
+def _cut_at_stop(pieces: list[bytes], text: bytes, stop: Sequence[str], include_stop: bool) -> bool:
+    """Whether the producer's token ``pieces`` are ``text`` cut at one of its ``stop`` strings as the engines cut
+    (docs/rollout.md, "Stop strings"): the pieces spell the text and then a tail, and the first stop ends inside
+    the last piece, beginning where the text ends (``include_stop``: the text ends with it)."""
+    spelled = b"".join(pieces)
+    if not stop or not pieces or len(spelled) <= len(text) or not spelled.startswith(text):
         return False
+    last_start = len(spelled) - len(pieces[-1])
     for s in stop:
         b = s.encode("utf-8")
-        if b and b in spelled[max(0, len(text) - len(b)):]:
+        if not b:
+            continue
+        if include_stop:
+            found = text.endswith(b) and last_start < len(text)
+        else:
+            found = spelled[len(text):].startswith(b) and last_start < len(text) + len(b)
+        if found:
             return True
     return False
 
@@ -193,6 +202,7 @@ def transfer_trace(
     add_eos: bool = False,
     eos_id: int | None = None,
     stop: Sequence[str] = (),
+    include_stop_str_in_output: bool = False,
 ) -> MappedTrace:
     """Retokenize a peer completion for the receiver and map its log-probs (docs/thl.md).
 
@@ -207,7 +217,10 @@ def transfer_trace(
         eos_id: That id (the receiver's end of turn, e.g. ``<|eot_id|>``); None = its EOS.
         stop: The producer's stop strings: a completion cut at one keeps the token that completed it
             while its text ends before it (docs/rollout.md, "Stop strings"), so its ids spelling the text
-            and then a tail that holds the stop string is a round trip, not a failure.
+            and then that token's bytes past it is a round trip, not a failure; those bytes are dropped
+            (a token wholly past the text then maps as an EOS does, one that also holds text bytes keeps
+            its log-prob on them).
+        include_stop_str_in_output: The producer's: its text ends with the stop string.
 
     Returns:
         A :class:`MappedTrace`.
@@ -222,7 +235,7 @@ def transfer_trace(
     src_pieces = token_bytes(source_tokenizer, source_ids)
     text_bytes = completion_text.encode("utf-8", "surrogateescape")
     spelled = b"".join(src_pieces)
-    cut = spelled != text_bytes and _cut_at_stop(spelled, text_bytes, stop)
+    cut = spelled != text_bytes and _cut_at_stop(src_pieces, text_bytes, stop, include_stop_str_in_output)
     if cut:  # the stop's bytes past the text are the producer's "end": its tokens then map as an EOS does
         src_pieces = _within(src_pieces, len(text_bytes))
     tgt_pieces = token_bytes(target_tokenizer, retok.completion_ids)

@@ -136,7 +136,7 @@ def test_an_interrupted_conversion_leaves_no_half_folder_and_a_killed_ones_lefto
     from mrl_lightning.gguf.convert import host_label
 
     ours_killed = cache / "models" / f".converting-{host_label()}-{int(dead.stdout)}-ghi"  # this host's naming
-    elsewhere = cache / "models" / f".converting-otherhost{host_label()}-{int(dead.stdout)}-jkl"  # a shared cache's
+    elsewhere = cache / "models" / f".converting-h10005abcdef12-{int(dead.stdout)}-jkl"  # a shared cache's host
     for folder in (killed, running, ours_killed, elsewhere):
         folder.mkdir()
     _built(gguf_file)

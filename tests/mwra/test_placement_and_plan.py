@@ -128,7 +128,7 @@ def test_memory_estimate_counts_optimizer_state_and_the_reference_model():
     P.beta = 0.1
     with_ref = policy_memory_bytes(shape, P(), 1)
     # 16 bytes per parameter + a probe term's second gradient (4 a parameter, one row's layer, the head's gradient)
-    assert without == 16_000_000 + 4_000_000 + 2 * 1088 + 4 * 100 * 8
+    assert without == 16_000_000 + 4_000_000 + 2 * 1088 + 4 * 100 * 8 + 5 * 4 * 200  # and one row's logits
     assert with_ref - without == 4_000_000
 
 
@@ -187,7 +187,7 @@ def test_a_cpu_worker_under_bf16_counts_the_kernel_cache_once_and_float32_does_n
 
     fp32, text32 = total("32-true")
     bf16, text16 = total("bf16-mixed")
-    assert bf16 - fp32 == pytest.approx(CPU_BF16_KERNEL_CACHE_GIB, abs=0.006)  # once per worker, not per policy
+    assert bf16 - fp32 == pytest.approx(CPU_BF16_KERNEL_CACHE_GIB, abs=0.006)  # once on the worker
     assert "kernel cache" in text16 and "kernel cache" not in text32
 
 

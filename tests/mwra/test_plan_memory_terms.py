@@ -56,8 +56,9 @@ def test_terms_of_a_recipe_policy_sampling_with_hugging_face():
     assert terms["kv_cache"] == 1792 + 48_000 == 49_792
     assert terms["eval_sampling"] == 0  # no held-out prompts counted
     # a probe's term backpropagates apart from the GRPO gradient it keeps: a second gradient (4 bytes a trained
-    # parameter), one demo row's layer (3 + 4 tokens, no prompt sharing with one row: 7 * 1088) and the head's gradient
-    assert terms["aux_backward"] == 4 * 10_000 + 7 * 1088 + 32_000 == 79_616
+    # parameter), one demo row's layer (3 + 4 tokens, no prompt sharing with one row: 7 * 1088), the head's gradient
+    # and that row's logits (5 copies of [1, 5, 1000])
+    assert terms["aux_backward"] == 4 * 10_000 + 7 * 1088 + 32_000 + 5 * 4 * 5_000 == 179_616
     assert policy_memory_parts(SHAPE, _policy(), 1) == (160_000, 244_864)
 
 
@@ -101,7 +102,7 @@ def test_a_second_gradient_or_the_optimizer_step_can_be_a_policys_largest_transi
     # a probe term's gradient beside the GRPO one (4 bytes a parameter, one demo row's layer, the head's
     # gradient) is above foreach AdamW's sqrt temporary (4 bytes a parameter)
     assert terms["optimizer_step"] == 4 * 100_000_000
-    assert terms["aux_backward"] == 4 * 100_000_000 + 7 * 1088 + 4 * 100 * 8
+    assert terms["aux_backward"] == 4 * 100_000_000 + 7 * 1088 + 4 * 100 * 8 + 5 * 4 * 500
     states, peak = policy_memory_parts(big, _policy(), 1)
     assert (states, peak) == (16 * 100_000_000, terms["aux_backward"])
     # the fused kernel has no temporary; the second gradient is the peak still

@@ -105,9 +105,20 @@ def test_a_completion_cut_at_its_stop_string_round_trips_and_keeps_its_mass(toks
     assert cut.round_trip_ok and cut.retokenized.completion_ids[-1] == tgt_tok.eos_token_id
     assert abs(sum(cut.logprobs) - sum(lps)) <= 1e-5
     assert not transfer_trace(src_tok, src_ids, lps, tgt_tok, "Q: 4*9?\nA:", text, add_eos=True).round_trip_ok
-    # a stop kept in the text (include_stop_str_in_output) whose token went on past it
-    kept = encode_completion(src_tok, text + "\nQ").completion_ids
-    assert transfer_trace(src_tok, kept, [-1.0] * len(kept), tgt_tok, "Q", text + "\n", stop=["\n"]).round_trip_ok
     # a tail without the stop is still a failure
     other = encode_completion(src_tok, text + "7").completion_ids
     assert not transfer_trace(src_tok, other, [-1.0] * len(other), tgt_tok, "Q", text, stop=["\n"]).round_trip_ok
+
+
+def test_only_a_cut_at_the_first_stop_inside_the_last_token_counts_as_one():
+    from mrl_lightning.thl.trace import _cut_at_stop
+
+    text = b" 36"
+    assert _cut_at_stop([b" 3", b"6", b"\n"], text, ["\n"], False)            # the newline token ended it
+    assert _cut_at_stop([b" 3", b"6", b"\nQ"], text, ["\n"], False)           # that token went on past it
+    assert _cut_at_stop([b" 3", b"6.\n"], b" 36.", ["\n"], False)              # it also holds text bytes
+    assert not _cut_at_stop([b" 3", b"6", b"\n", b"Q"], text, ["\n"], False)  # tokens after the stopping one
+    assert not _cut_at_stop([b" 3", b"6", b"7\n"], text, ["\n"], False)       # the tail does not start with it
+    assert not _cut_at_stop([b" 3", b"6", b"\n"], text, [], False)             # no stop given
+    assert _cut_at_stop([b" 3", b"6\nQ"], b" 36\n", ["\n"], True)             # kept in the text
+    assert not _cut_at_stop([b" 3", b"6\n", b"Q"], b" 36\n", ["\n"], True)   # kept, then another token
