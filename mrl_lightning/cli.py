@@ -77,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, end="", file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
+    # Before torch is imported (it reads this once): a CPU tensor of 2 MiB or more gets transparent huge
+    # pages, so a fresh large gradient (a real model's [V, h] head) is not faulted in 4 KiB pages, ten
+    # times slower than writing the same bytes again (docs/speed.md, "Large fresh tensors"). A value the
+    # user set is kept; 0 turns it off.
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     MRLCLI = _import_fit_cli()
     if MRLCLI is None:  # Ctrl-C while torch and Lightning were imported
         if not is_launched_worker():  # a launched worker ends quietly: its launcher had the same Ctrl-C

@@ -60,10 +60,46 @@ def _norm(grads: list[Tensor | None]) -> float:
     present = [g.detach() for g in grads if g is not None]
     if not present:
         return 0.0
-    norm = float(torch.stack([_whole(g.float().pow(2).sum()) for g in present]).sum().sqrt())
+    norm = float(torch.stack([_squares(g, torch.float32) for g in present]).sum().sqrt())
     if norm == float("inf") and all(bool(torch.isfinite(_whole(g.abs().amax()))) for g in present):
-        norm = float(sum(float(_whole(g.double().pow(2).sum())) for g in present) ** 0.5)
+        norm = float(sum(float(_squares(g, torch.float64)) for g in present) ** 0.5)
     return norm
+
+
+NORM_CHUNK_ELEMENTS = 1 << 20
+"""Entries one chunk of :func:`_squares` squares at a time: 1,048,576 (4 MiB in float32).
+
+A tensor of at most this many entries is summed whole (every tensor of the embedded default's
+models, whose norms are therefore the whole-tensor sums they always were); a larger one (a real
+model's embedding, 167.8 M entries in Gemma 3 270M) chunk by chunk, so its squared temporary is
+one chunk, not a second copy of the gradient, and stays in cache (docs/probes.md, "Cost")."""
+
+
+def _squares(g: Tensor, dtype: torch.dtype) -> Tensor:
+    """Sum of squares of ``g``'s entries in ``dtype`` (a 0-d tensor), in chunks of :data:`NORM_CHUNK_ELEMENTS`."""
+    if hasattr(g, "full_tensor") or g.numel() <= NORM_CHUNK_ELEMENTS or not g.is_contiguous():
+        return _whole(g.to(dtype).pow(2).sum())  # a sharded DTensor: summed over its mesh by _whole
+    flat = g.view(-1)
+    return torch.stack([chunk.to(dtype).pow(2).sum() for chunk in flat.split(NORM_CHUNK_ELEMENTS)]).sum()
+
+
+def _scaled_sum(total: Tensor | None, g: Tensor, scale: float) -> Tensor:
+    """``total + g * scale`` written into ``total`` (``g`` itself when ``total`` is None; ``g`` is overwritten).
+
+    The same rounding as ``g * scale`` then ``+`` (no fused multiply-add), taken in chunks of
+    :data:`NORM_CHUNK_ELEMENTS` when both are contiguous, so each chunk of ``g`` is still in cache when
+    it is added (elementwise: chunking changes no bit).
+    """
+    if total is None or hasattr(g, "full_tensor") or not (g.is_contiguous() and total.is_contiguous()) \
+            or g.shape != total.shape or g.numel() <= NORM_CHUNK_ELEMENTS:
+        if scale != 1.0:
+            g.mul_(scale)  # the same rounding as g * scale
+        return g if total is None else total.add_(g)
+    for t, c in zip(total.view(-1).split(NORM_CHUNK_ELEMENTS), g.view(-1).split(NORM_CHUNK_ELEMENTS)):
+        if scale != 1.0:
+            c.mul_(scale)
+        t.add_(c)
+    return total
 
 
 def _whole(value: Tensor) -> Tensor:
@@ -189,9 +225,7 @@ def backward_aux_losses(aux_losses: list, policy, model, backward: Callable[[Ten
             grads[i] = None
             if g is None or scale == 0.0:
                 continue
-            if scale != 1.0:
-                g.mul_(scale)  # the same rounding as g * scale
-            total[i] = g if total[i] is None else total[i].add_(g)
+            total[i] = _scaled_sum(total[i], g, scale)
         del grads
     for p, g in zip(params, total):
         p.grad = g

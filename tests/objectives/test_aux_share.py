@@ -161,3 +161,50 @@ def test_the_bounded_term_is_added_in_place_with_the_rounding_of_g0_plus_scale_t
     scale = metrics["sgt/grad_scale"]
     assert 0.0 < scale < 1.0  # the bound binds
     assert all(torch.equal(a + p.grad * scale, g) for a, p, g in zip(g0, params, got))
+
+
+def test_norm_in_chunks_bit_equal_whole_at_or_below_the_chunk_and_close_above(monkeypatch):
+    from mrl_lightning.objectives import aux_share
+
+    g = torch.Generator().manual_seed(3)
+    small = torch.randn(1000, generator=g)
+    large = torch.randn(70_000, generator=g) * 1e-3
+    whole = float(torch.stack([small.pow(2).sum(), large.pow(2).sum()]).sum().sqrt())
+    monkeypatch.setattr(aux_share, "NORM_CHUNK_ELEMENTS", 70_000)  # both at or below: summed whole
+    assert aux_share._norm([small, large]) == whole
+    monkeypatch.setattr(aux_share, "NORM_CHUNK_ELEMENTS", 4096)  # `large` in 18 chunks
+    chunked = aux_share._norm([small, large])
+    assert chunked == pytest.approx(whole, rel=1e-6)
+    squared = []  # no squared temporary larger than one chunk
+
+    class Sizes(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func in (torch.Tensor.pow, torch.pow):
+                squared.append(args[0].numel())
+            return func(*args, **(kwargs or {}))
+
+    with Sizes():
+        assert aux_share._norm([small, large]) == chunked
+    assert max(squared) == 4096 and sum(squared) == small.numel() + large.numel()
+    # a non-contiguous gradient is summed whole, and a huge finite one still gets a finite norm
+    strided = torch.randn(300, 40, generator=g).t()
+    assert aux_share._norm([strided]) == float(strided.pow(2).sum().sqrt())
+    huge = torch.full((9000,), 1e19)
+    assert aux_share._norm([huge]) == pytest.approx(float(huge[0]) * math.sqrt(9000), rel=1e-9)
+
+
+def test_scaled_sum_in_chunks_is_bit_equal_to_scale_then_add(monkeypatch):
+    from mrl_lightning.objectives import aux_share
+
+    g = torch.Generator().manual_seed(4)
+    total, term = torch.randn(50_001, generator=g), torch.randn(50_001, generator=g)
+    expected = total.clone().add_(term.clone().mul_(0.37))
+    monkeypatch.setattr(aux_share, "NORM_CHUNK_ELEMENTS", 4096)
+    out = aux_share._scaled_sum(total.clone(), term.clone(), 0.37)
+    assert torch.equal(out, expected)
+    assert torch.equal(aux_share._scaled_sum(total.clone(), term.clone(), 1.0), total + term)
+    assert torch.equal(aux_share._scaled_sum(None, term.clone(), 0.37), term * 0.37)
+    # a non-contiguous gradient takes the whole-tensor path, with the same rounding
+    t2 = torch.randn(300, 40, generator=g)
+    s2 = torch.randn(40, 300, generator=g).t()
+    assert torch.equal(aux_share._scaled_sum(t2.clone(), s2.clone(), 0.5), t2 + s2 * 0.5)

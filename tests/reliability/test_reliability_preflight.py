@@ -370,3 +370,20 @@ def test_an_override_of_a_policy_value_says_it_reaches_the_last_policy_only(tmp_
                            "only ('q'; the others, ['p'], keep their value).")
     assert policy_override_notes(["fit", "--config", one, "--model.policies.init_args.learning_rate", "0.005"]) == []
     assert policy_override_notes(["fit", "--config", two]) == []
+
+
+def test_bf16_on_a_cpu_without_bf16_matrix_instructions_is_named_with_the_fix(monkeypatch):
+    from mrl_lightning.preflight import slow_cpu_bf16_line
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    line = slow_cpu_bf16_line("cpu", "bf16-mixed")
+    assert "trainer.precision='bf16-mixed'" in line and "--trainer.precision 32-true" in line
+    assert slow_cpu_bf16_line("cpu", "bf16-true") is not None
+    assert slow_cpu_bf16_line("cpu", "32-true") is None  # float32 is fine anywhere
+    assert slow_cpu_bf16_line("cuda", "bf16-mixed") is None  # a GPU's bf16 is not the CPU's
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)  # AMX: the fast kernel
+    assert slow_cpu_bf16_line("cpu", "bf16-mixed") is None
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    assert slow_cpu_bf16_line("cpu", "bf16-mixed") is None

@@ -1,0 +1,85 @@
+"""SGT's own pass on one real policy: the transfer term's forward, backward and bound, timed and profiled.
+
+    python benchmarks/sgt_aux.py --policy gemma --demos 3 --prompt-tokens 20 --completion-tokens 15
+    python benchmarks/sgt_aux.py --policy smollm2 --precision bf16-mixed --rounds 5
+
+Builds the policy of ``configs/real_small.yaml`` (``pypi:`` models: the ``real`` extra and SmolLM2's
+package, docs/real_models.md), puts a random float32 "GRPO gradient" in every ``.grad``, and times
+:func:`mrl_lightning.objectives.aux_share.backward_aux_losses` with one SGT transfer term over
+``--demos`` demos of random token ids: what ``train/<p>/aux_loss_time_s`` measures in a run (the
+term's own forward and backward over its demo rows, both norms, the bound and the sum). Then one
+call under ``torch.profiler``: the operators by their own time, with their input shapes, so the
+``[V, h]`` tensors of a tied head show. One thread (the default placement's). Time it alone
+(docs/probes.md, "Cost").
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+POLICIES = {
+    "gemma": dict(model="pypi:gemma-3-270m", prompt_template="Question: {question}\nAnswer:", stop=["\n"]),
+    "smollm2": dict(model="pypi:smollm2-135m-instruct", chat_template=True, prompt_template="{question}"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--policy", choices=sorted(POLICIES), default="gemma")
+    parser.add_argument("--demos", type=int, default=3, help="demo rows of the transfer term")
+    parser.add_argument("--prompt-tokens", type=int, default=20)
+    parser.add_argument("--completion-tokens", type=int, default=15)
+    parser.add_argument("--precision", default="32-true", help="Fabric precision (32-true or bf16-mixed)")
+    parser.add_argument("--rounds", type=int, default=3, help="timed calls after one warm-up call")
+    parser.add_argument("--top", type=int, default=16, help="operators to list from the profile")
+    args = parser.parse_args(argv)
+
+    from lightning.fabric import Fabric
+    from torch.profiler import ProfilerActivity, profile
+
+    from mrl_lightning.builders import build_policy
+    from mrl_lightning.callbacks.sgt_terms import _SGTTransferLoss
+    from mrl_lightning.objectives.aux_share import backward_aux_losses
+    from mrl_lightning.policy import PolicyModule
+
+    torch.set_num_threads(1)
+    policy = PolicyModule(name=args.policy, num_generations=4, max_prompt_length=64, max_completion_length=32,
+                          loss_type="dapo", beta=0.0, **POLICIES[args.policy])
+    build_policy(policy)
+    fabric = Fabric(accelerator="cpu", devices=1, precision=args.precision)
+    model = fabric.setup_module(policy.model)
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    g = torch.Generator().manual_seed(0)
+    demos = [(torch.randint(100, 5000, (args.prompt_tokens,), generator=g).tolist(),
+              torch.randint(100, 5000, (args.completion_tokens,), generator=g).tolist()) for _ in range(args.demos)]
+    term = _SGTTransferLoss(demos, 0.3, 1.0, f"probe/sgt/{args.policy}", 0.3, policy.tokenizer.pad_token_id)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g) * 1e-3
+
+    def once() -> dict:
+        return backward_aux_losses([term], policy, model, fabric.backward, params, tag=lambda name: name,
+                                   totals={"sgt_demos": float(args.demos)})
+
+    once()
+    seconds = []
+    for _ in range(args.rounds):
+        t0 = time.perf_counter()
+        metrics = once()
+        seconds.append(time.perf_counter() - t0)
+    print(f"{args.policy} ({args.precision}): {args.demos} demos x ({args.prompt_tokens} + {args.completion_tokens}) "
+          f"tokens: {statistics.median(seconds):.3f} s a call (median of {args.rounds}: "
+          f"{', '.join(f'{s:.3f}' for s in seconds)}); share {metrics['sgt/grad_share']:.3f}", flush=True)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        once()
+    events = sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: -e.self_cpu_time_total)
+    for e in events[:args.top]:
+        print(f"  {e.key[:40]:40s} {e.self_cpu_time_total / 1e3:9.1f} ms x{e.count:<4d} {str(e.input_shapes)[:70]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
