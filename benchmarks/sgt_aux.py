@@ -9,17 +9,21 @@ package, docs/real_models.md), puts a random float32 "GRPO gradient" in every ``
 ``--demos`` demos of random token ids: what ``train/<p>/aux_loss_time_s`` measures in a run (the
 term's own forward and backward over its demo rows, both norms, the bound and the sum). Then one
 call under ``torch.profiler``: the operators by their own time, with their input shapes, so the
-``[V, h]`` tensors of a tied head show. One thread (the default placement's). Time it alone
+``[V, h]`` tensors of a tied head show. One thread (the default placement's), with torch's huge pages on as ``mrl`` runs (``THP_MEM_ALLOC_ENABLE``;
+set it to 0 to see the difference). Time it alone
 (docs/probes.md, "Cost").
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
-import torch
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # before torch is imported, as `mrl` sets it (docs/speed.md)
+
+import torch  # noqa: E402
 
 POLICIES = {
     "gemma": dict(model="pypi:gemma-3-270m", prompt_template="Question: {question}\nAnswer:", stop=["\n"]),

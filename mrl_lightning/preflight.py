@@ -30,6 +30,7 @@ would silently run as another).
 from __future__ import annotations
 
 import logging
+import platform
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -317,7 +318,7 @@ def make_fabric(strategy: str, collective_timeout_s: float, **kwargs: Any) -> Fa
     for warning in said:
         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     slow = slow_cpu_bf16_line(fabric.device.type, runs)
-    if slow and not is_launched_worker():  # the launcher says it once
+    if slow and fabric.global_rank == 0 and not is_launched_worker():  # once: rank 0 of the launcher
         warnings.warn(slow, stacklevel=2)
     for message in dict.fromkeys(record.getMessage() for record in held):  # once each, though two Fabrics said it
         info.info(message)
@@ -332,6 +333,8 @@ def slow_cpu_bf16_line(device_type: str, precision: str) -> str | None:
     "The kernel paths of this CPU"), so a ``bf16-mixed`` run is many times slower than ``32-true``.
     """
     if device_type != "cpu" or not str(precision).startswith("bf16"):
+        return None
+    if platform.machine().lower() not in ("x86_64", "amd64"):  # the checks below know x86 only (ARM has its own bf16)
         return None
     cpu = getattr(torch, "cpu", None)
     checks = [getattr(cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]

@@ -91,7 +91,8 @@ def _scaled_sum(total: Tensor | None, g: Tensor, scale: float) -> Tensor:
     it is added (elementwise: chunking changes no bit).
     """
     if total is None or hasattr(g, "full_tensor") or not (g.is_contiguous() and total.is_contiguous()) \
-            or g.shape != total.shape or g.numel() <= NORM_CHUNK_ELEMENTS:
+            or g.shape != total.shape or g.numel() <= NORM_CHUNK_ELEMENTS \
+            or g.untyped_storage().data_ptr() == total.untyped_storage().data_ptr():  # shared memory: as before
         if scale != 1.0:
             g.mul_(scale)  # the same rounding as g * scale
         return g if total is None else total.add_(g)

@@ -208,3 +208,12 @@ def test_scaled_sum_in_chunks_is_bit_equal_to_scale_then_add(monkeypatch):
     t2 = torch.randn(300, 40, generator=g)
     s2 = torch.randn(40, 300, generator=g).t()
     assert torch.equal(aux_share._scaled_sum(t2.clone(), s2.clone(), 0.5), t2 + s2 * 0.5)
+
+
+def test_scaled_sum_of_two_views_of_one_buffer_is_refused_as_before(monkeypatch):
+    from mrl_lightning.objectives import aux_share
+
+    monkeypatch.setattr(aux_share, "NORM_CHUNK_ELEMENTS", 16)
+    buffer = torch.randn(200)
+    with pytest.raises(RuntimeError):  # partly overlapping: torch refuses the in-place add, chunks or not
+        aux_share._scaled_sum(buffer[:150], buffer[50:], 0.5)

@@ -387,3 +387,28 @@ def test_bf16_on_a_cpu_without_bf16_matrix_instructions_is_named_with_the_fix(mo
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
     assert slow_cpu_bf16_line("cpu", "bf16-mixed") is None
+
+
+def test_make_fabric_says_the_bf16_warning_once_on_rank_zero_and_never_in_a_launched_worker(monkeypatch):
+    import warnings
+
+    from mrl_lightning import preflight
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(preflight.platform, "machine", lambda: "x86_64")
+
+    def said(**env) -> int:
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            preflight.make_fabric("auto", 60.0, accelerator="cpu", devices=1, precision="bf16-mixed")
+        return sum("without bf16 matrix instructions" in str(w.message) for w in caught)
+
+    assert said() == 1
+    monkeypatch.setattr(preflight, "is_launched_worker", lambda: True)
+    assert said() == 0
+    monkeypatch.setattr(preflight, "is_launched_worker", lambda: False)
+    monkeypatch.setattr(preflight.platform, "machine", lambda: "aarch64")  # ARM's bf16 is not checked here
+    assert said() == 0
