@@ -7,11 +7,12 @@ Builds the policy of ``configs/real_small.yaml`` (``pypi:`` models: the ``real``
 package, docs/real_models.md), puts a random float32 "GRPO gradient" in every ``.grad``, and times
 :func:`mrl_lightning.objectives.aux_share.backward_aux_losses` with one SGT transfer term over
 ``--demos`` demos of random token ids: what ``train/<p>/aux_loss_time_s`` measures in a run (the
-term's own forward and backward over its demo rows, both norms, the bound and the sum). Then one
-call under ``torch.profiler``: the operators by their own time, with their input shapes, so the
-``[V, h]`` tensors of a tied head show. One thread (the default placement's), with torch's huge pages on as ``mrl`` runs (``THP_MEM_ALLOC_ENABLE``;
-set it to 0 to see the difference). Time it alone
-(docs/probes.md, "Cost").
+term's own forward and backward over its demo rows, both norms, the bound and the sum), with the
+tied head's gradient kept as its factors as on one rank (``--materialize``: whole, as a group of
+several ranks takes it). Then one call under ``torch.profiler``: the operators by their own time,
+with their input shapes, so any ``[V, h]`` tensor of a tied head shows. One thread (the default
+placement's), with torch's huge pages on as ``mrl`` runs them (``THP_MEM_ALLOC_ENABLE``; set it to 0
+to see the difference). Time it alone (docs/probes.md, "Cost").
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", default="32-true", help="Fabric precision (32-true or bf16-mixed)")
     parser.add_argument("--rounds", type=int, default=3, help="timed calls after one warm-up call")
     parser.add_argument("--top", type=int, default=16, help="operators to list from the profile")
+    parser.add_argument("--materialize", action="store_true",
+                        help="take the tied head's gradient whole, as a group of several ranks does (default: as "
+                             "one rank does, its factors, mrl_lightning/head_factors.py)")
     args = parser.parse_args(argv)
 
     from lightning.fabric import Fabric
@@ -48,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from mrl_lightning.builders import build_policy
     from mrl_lightning.callbacks.sgt_terms import _SGTTransferLoss
     from mrl_lightning.objectives.aux_share import backward_aux_losses
+    from mrl_lightning.head_factors import factorable_weight
     from mrl_lightning.policy import PolicyModule
 
     torch.set_num_threads(1)
@@ -64,9 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     for p in params:
         p.grad = torch.randn(p.shape, generator=g) * 1e-3
 
+    factored = None if args.materialize else factorable_weight(policy)
+
     def once() -> dict:
         return backward_aux_losses([term], policy, model, fabric.backward, params, tag=lambda name: name,
-                                   totals={"sgt_demos": float(args.demos)})
+                                   totals={"sgt_demos": float(args.demos)}, factored_head=factored)
 
     once()
     seconds = []
@@ -74,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         metrics = once()
         seconds.append(time.perf_counter() - t0)
-    print(f"{args.policy} ({args.precision}): {args.demos} demos x ({args.prompt_tokens} + {args.completion_tokens}) "
+    how = "materialized" if factored is None else "factored"
+    print(f"{args.policy} ({args.precision}, head gradient {how}): {args.demos} demos x ({args.prompt_tokens} + {args.completion_tokens}) "
           f"tokens: {statistics.median(seconds):.3f} s a call (median of {args.rounds}: "
           f"{', '.join(f'{s:.3f}' for s in seconds)}); share {metrics['sgt/grad_share']:.3f}", flush=True)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:

@@ -19,6 +19,12 @@ default (V of 300-400, a few hundred thousand logits a call) gets bit-identical 
 and gradients (tested). Above it the values agree with the plain computation within float
 rounding (tested across chunk sizes: < 1e-5 nats, gradients within 1e-5 relative).
 
+Two cases of the linear head's path: a call of at most one chunk of positions keeps that chunk's
+logits for its backward instead of computing them again (one tile, the same product: the same
+bits; tested); and while an auxiliary term's pass collects a large tied head's gradient as its
+factors (:mod:`mrl_lightning.head_factors`), every call with gradient takes this path,
+whatever its size, and its backward keeps ``dZ`` and ``H`` instead of making ``dZ^T H``.
+
 The head is the model's own ``get_output_embeddings()`` module (a LoRA or
 ``modules_to_save`` wrapper included), run under the autocast state the model's forward ran
 its head in (read by a pre-hook on the head), so mixed precision computes what the model's
@@ -38,6 +44,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from mrl_lightning.forward import completion_hidden, completion_logits
+from mrl_lightning.head_factors import FACTOR_ELEMENTS, active_for
 
 LOGPROB_CHUNK_ELEMENTS = 1 << 24
 """Logits (positions x V) one chunk of the chunked path holds: 16,777,216, 64 MiB in float32.
@@ -111,14 +118,18 @@ class _LinearHeadChunks(torch.autograd.Function):
         logz = hidden.new_empty(n, dtype=torch.float32)
         logp = torch.empty_like(logz)
         entropy = torch.empty_like(logz) if with_entropy else None
+        ctx.kept = None
         for s in range(0, n, rows):
-            z = _tempered(hidden[s: s + rows], w, b, softcap, temperature, dtype)[0]
+            z, capped = _tempered(hidden[s: s + rows], w, b, softcap, temperature, dtype)
+            if n <= rows and any(ctx.needs_input_grad[:3]):  # one chunk, so one tile of the backward: the same
+                ctx.kept = (z, capped)  # product, kept instead of computed again (bits equal)
             lz = torch.logsumexp(z, dim=-1)
             logz[s: s + rows], logp[s: s + rows] = lz, z.gather(1, ids[s: s + rows].unsqueeze(1)).squeeze(1) - lz
             if entropy is not None:
                 entropy[s: s + rows] = lz - torch.exp(z - lz.unsqueeze(1)).mul_(z).sum(-1)
         ctx.save_for_backward(hidden, weight, bias, ids, logz)
         ctx.settings = (temperature, softcap, rows, dtype)
+        ctx.factors = active_for(weight) if bias is None else None  # an auxiliary term's pass (head_factors)
         if entropy is not None:
             ctx.mark_non_differentiable(entropy)
         return logp, entropy
@@ -135,11 +146,16 @@ class _LinearHeadChunks(torch.autograd.Function):
         h, g = hidden.to(dtype), grad_logp.float().unsqueeze(1)
         w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
         grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if need_h else None
-        grad_w = torch.empty_like(weight) if need_w else None
+        factors = ctx.factors if need_w and n * vocab <= FACTOR_ELEMENTS else None
+        grad_w = torch.empty_like(weight) if need_w and factors is None else None
         grad_b = torch.empty_like(bias) if need_b else None
+        kept = []  # the factored weight gradient: dZ's tiles, in the compute dtype
         for v in range(0, vocab, tile):
             part = slice(v, v + tile)
-            z, capped = _tempered(h, w[part], None if b is None else b[part], softcap, temperature, dtype)
+            if ctx.kept is not None:  # n <= rows: this one tile is the whole vocabulary, as the forward's chunk
+                (z, capped), ctx.kept = ctx.kept, None
+            else:
+                z, capped = _tempered(h, w[part], None if b is None else b[part], softcap, temperature, dtype)
             dz = z.sub_(logz.unsqueeze(1)).exp_().mul_(-g)  # -g p
             hit = ((ids >= v) & (ids < v + z.shape[1])).nonzero().squeeze(1)
             dz.index_put_((hit, ids[hit] - v), g[hit, 0], accumulate=True)  # + g onehot
@@ -152,8 +168,13 @@ class _LinearHeadChunks(torch.autograd.Function):
                     grad_h.add_(torch.mm(low, w[part]))
                 if grad_w is not None:  # one product over every position per entry, as the whole-logits path
                     grad_w[part] = torch.mm(low.t(), h)
+                elif factors is not None:
+                    kept.append(low)
             if grad_b is not None:
                 grad_b[part] = dz.sum(0)
+        if factors is not None:  # dZ^T H stays factored: the bound takes its norm and sum from dZ and H
+            factors.keep(torch.cat(kept, dim=1) if len(kept) > 1 else kept[0], h)
+            ctx.factors = None  # the graph may outlive this backward: the factors then live in the bound only
         return (None if grad_h is None else grad_h.to(hidden.dtype), grad_w, grad_b,
                 None, None, None, None, None, None)
 
@@ -279,7 +300,9 @@ def completion_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completi
     head, vocab, softcap = _head_and_vocab(model) if allow_chunks else (None, None, None)
     n, length = completion_ids.shape
     name = type(getattr(model, "module", model)).__name__
-    if head is None or vocab is None or n * length * vocab <= chunk_elements or name in _WARNED:
+    factored = head is not None and type(head) is torch.nn.Linear and torch.is_grad_enabled() \
+        and active_for(head.weight) is not None and bool(completion_mask.any())  # a term's pass (head_factors)
+    if head is None or vocab is None or (n * length * vocab <= chunk_elements and not factored) or name in _WARNED:
         logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, share_prompts)
         return token_logprobs(logits, completion_ids, temperature, with_entropy)
     seen = _SeenAutocast(head, completion_ids.device.type)

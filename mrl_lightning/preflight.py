@@ -30,19 +30,16 @@ would silently run as another).
 from __future__ import annotations
 
 import logging
-import platform
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from lightning.fabric import Fabric
 
 from mrl_lightning.builders import plan_shapes
 from mrl_lightning.callbacks.base import service_errors
 from mrl_lightning.checkpoint import check_compatible, load_checkpoint
 from mrl_lightning.errors import ConfigError
-from mrl_lightning.lifeline import is_launched_worker
 from mrl_lightning.model_source import ModelRecipe
 from mrl_lightning.mwra import PLACEMENTS, Placement, build_placement
 from mrl_lightning.mwra.plan import plan_resources
@@ -317,33 +314,9 @@ def make_fabric(strategy: str, collective_timeout_s: float, **kwargs: Any) -> Fa
                           f"precision){'; 16-mixed needs a CUDA GPU' if asked == '16-mixed' else ''}.")
     for warning in said:
         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-    slow = slow_cpu_bf16_line(fabric.device.type, runs)
-    if slow and fabric.global_rank == 0 and not is_launched_worker():  # once: rank 0 of the launcher
-        warnings.warn(slow, stacklevel=2)
     for message in dict.fromkeys(record.getMessage() for record in held):  # once each, though two Fabrics said it
         info.info(message)
     return fabric
-
-
-def slow_cpu_bf16_line(device_type: str, precision: str) -> str | None:
-    """A warning for bf16 on a CPU without bf16 matrix instructions (AVX512-BF16 or AMX); None otherwise.
-
-    There oneDNN's bf16 matmul has no fast kernel: on a 2-core AMD EPYC with AVX2 only, a
-    ``[256, 640] x [640, 2048]`` product ran at 0.5 GFLOP/s in bf16 against 52 in float32 (docs/speed.md,
-    "The kernel paths of this CPU"), so a ``bf16-mixed`` run is many times slower than ``32-true``.
-    """
-    if device_type != "cpu" or not str(precision).startswith("bf16"):
-        return None
-    if platform.machine().lower() not in ("x86_64", "amd64"):  # the checks below know x86 only (ARM has its own bf16)
-        return None
-    cpu = getattr(torch, "cpu", None)
-    checks = [getattr(cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-    if not all(callable(check) for check in checks) or any(check() for check in checks):
-        return None
-    capability = torch.backends.cpu.get_cpu_capability()
-    return (f"trainer.precision={precision!r} on a CPU without bf16 matrix instructions (no AVX512-BF16 or AMX; "
-            f"torch's kernels: {capability}): bf16 matmuls run here up to 100x slower than float32 (docs/speed.md). "
-            "Use --trainer.precision 32-true on this machine.")
 
 
 class _Hold(logging.Filter):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import warnings
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from mrl_lightning.errors import ConfigError
 from mrl_lightning.lifeline import is_launched_worker
 from mrl_lightning.metrics import Global, Max, window_reduce
 from mrl_lightning.mwra import Workers, stream_seed
+from mrl_lightning.mwra.plan import slow_cpu_bf16_line
 from mrl_lightning.mwra.process import peak_memory_gib, release_free_memory
 from mrl_lightning.objectives.aux_share import term_names
 from mrl_lightning.preflight import check_before_build, make_fabric, trainer_errors
@@ -155,6 +157,10 @@ class MRLTrainer:
         self.fabric = make_fabric(strategy, collective_timeout_s, accelerator=accelerator, devices=devices,
                                   num_nodes=num_nodes, precision=precision, callbacks=self.callbacks,
                                   loggers=[self.logger])
+        slow = slow_cpu_bf16_line(self.fabric.device.type, getattr(self.fabric.strategy.precision, "precision",
+                                                                    str(precision)))
+        if slow and self.fabric.global_rank == 0 and not is_launched_worker():  # once, before any model is built
+            warnings.warn(slow, stacklevel=2)
         self.ctx = HookContext(callbacks=self.callbacks, fabric=self.fabric, print=self.print)
         self.workers: Workers | None = None
         self.samples_seen, self.optimizer_steps = 0, {}  # completions sampled (all ranks); per policy

@@ -41,6 +41,7 @@ from mrl_lightning.grpo_terms import finish_loss_metrics, note_loss_stats, top_e
 from mrl_lightning.metrics import Max, Mean, Min, Sum
 from mrl_lightning.numerics import gradient_norm, skip_nonfinite_update
 from mrl_lightning.objectives.aux_share import backward_aux_losses
+from mrl_lightning.head_factors import factorable_weight
 from mrl_lightning.objectives.grpo import group_advantages, grpo_loss, masked_mean
 from mrl_lightning.objectives.loss_types import GRPO, LOSS_TYPES
 from mrl_lightning.policy import PolicyModule
@@ -216,7 +217,11 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
             terms = _with_empty_shares(policy, batch, batch.aux_losses)
             _fold(metrics, backward_aux_losses(terms, policy, model, fabric.backward, params,
                                                tag=lambda term: f"probe/{term}/{p}", totals=totals, reduce=reduce,
-                                               terms=batch.group_terms))
+                                               terms=batch.group_terms,
+                                               # one rank (no group's terms): a large tied head's term gradient
+                                               # as its factors (mrl_lightning/head_factors.py)
+                                               factored_head=factorable_weight(policy) if batch.group_terms is None
+                                               else None))
             metrics[aux_key] += time.perf_counter() - t0
         skipped = skip_nonfinite_update(policy, params)
         metrics[skip_key] += float(skipped)

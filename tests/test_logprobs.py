@@ -212,3 +212,27 @@ def test_the_policy_option_sets_the_threshold_and_null_keeps_whole_logits(monkey
     assert [k["chunk_elements"] for k in seen] == [10]  # chunks of one position at 10 logits; null: none
     with pytest.raises(ConfigError, match="logprob_chunk_elements=0 must be >= 1"):
         PolicyModule(name="p", model=str(DEFAULT_MODELS / "gpt2"), logprob_chunk_elements=0)
+
+
+def test_one_chunk_keeps_its_logits_for_the_backward_with_the_recomputed_bits():
+    from mrl_lightning.logprobs import _LinearHeadChunks
+
+    g = torch.Generator().manual_seed(5)
+    head = torch.nn.Linear(16, 300, bias=False)
+    hidden = torch.randn(7, 16, generator=g, requires_grad=True)
+    ids = torch.randint(0, 300, (7,), generator=g)
+    weights = torch.randn(7, generator=g)
+    grads = []
+    for rows in (8, 8):  # n = 7 <= rows: one chunk, kept; the second backward of the graph recomputes
+        logp, _ = _LinearHeadChunks.apply(hidden, head.weight, None, ids, 0.7, None, rows, torch.float32, False)
+        loss = (logp * weights).sum()
+        first = torch.autograd.grad(loss, (hidden, head.weight), retain_graph=True)  # the kept logits
+        second = torch.autograd.grad(loss, (hidden, head.weight))  # kept ones used up: computed again
+        grads.append((first, second))
+    for (a_h, a_w), (b_h, b_w) in grads:
+        assert torch.equal(a_h, b_h) and torch.equal(a_w, b_w)
+    # and the kept path agrees with several chunks (another summation order) within rounding
+    logp, _ = _LinearHeadChunks.apply(hidden, head.weight, None, ids, 0.7, None, 3, torch.float32, False)
+    c_h, c_w = torch.autograd.grad((logp * weights).sum(), (hidden, head.weight))
+    torch.testing.assert_close(c_h, grads[0][0][0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(c_w, grads[0][0][1], rtol=1e-5, atol=1e-6)

@@ -308,3 +308,29 @@ def plan_resources(placement: Placement, shapes: dict[str, ModelShape | None], p
                        threads_given=num_threads is not None, batch_size=batch_size,
                        framework_gib=framework + kernels, device_memory_gib=memory)
     return format_plan(rows, placement, framework, kernels), threads
+
+
+def slow_cpu_bf16_line(device_type: str, precision: str) -> str | None:
+    """A warning for bf16 on an x86 CPU without bf16 matrix instructions (AVX512-BF16 or AMX); None otherwise.
+
+    There oneDNN's bf16 matmul has no fast kernel: on a 2-core AMD EPYC with AVX2 only, a
+    ``[256, 640] x [640, 2048]`` product ran at 0.5 GFLOP/s in bf16 against 52 in float32 (docs/speed.md,
+    "The kernel paths of this CPU"), so a ``bf16-mixed`` run is many times slower than ``32-true``. The
+    checks know x86 only: another architecture (ARM has its own bf16 instructions) gets None.
+    """
+    import platform
+
+    import torch
+
+    if device_type != "cpu" or not str(precision).startswith("bf16"):
+        return None
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    cpu = getattr(torch, "cpu", None)
+    checks = [getattr(cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    if not all(callable(check) for check in checks) or any(check() for check in checks):
+        return None
+    capability = torch.backends.cpu.get_cpu_capability()
+    return (f"trainer.precision={precision!r} on a CPU without bf16 matrix instructions (no AVX512-BF16 or AMX; "
+            f"torch's kernels: {capability}): bf16 matmuls run here up to 100x slower than float32 (docs/speed.md). "
+            "Use --trainer.precision 32-true on this machine.")

@@ -34,12 +34,14 @@ over the whole mesh (:func:`_norm`).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import torch
 from torch import Tensor
 
 from mrl_lightning.metrics import Max, Min
+from mrl_lightning.head_factors import HeadFactors, collect
 
 
 def _take_grads(params: list[torch.nn.Parameter]) -> list[Tensor | None]:
@@ -103,6 +105,11 @@ def _scaled_sum(total: Tensor | None, g: Tensor, scale: float) -> Tensor:
     return total
 
 
+def _plus(a: Tensor, b: Tensor) -> Tensor:
+    """``a + b``; ``b + a`` when only ``a`` is sparse (a factored head's rows, then a materialized pass)."""
+    return b + a if a.is_sparse and not b.is_sparse else a + b
+
+
 def _whole(value: Tensor) -> Tensor:
     """A DTensor reduction's value over its whole mesh (a collective); any other tensor as it is."""
     return value.full_tensor() if hasattr(value, "full_tensor") else value
@@ -154,7 +161,8 @@ def backward_aux_losses(aux_losses: list, policy, model, backward: Callable[[Ten
                         params: list[torch.nn.Parameter], tag: Callable[[str], str],
                         totals: dict[str, float] | None = None,
                         reduce: Callable[[list[torch.nn.Parameter]], None] | None = None,
-                        terms: list[tuple[str, float | None, float | None]] | None = None) -> dict[str, float]:
+                        terms: list[tuple[str, float | None, float | None]] | None = None,
+                        factored_head: torch.nn.Parameter | None = None) -> dict[str, float]:
     """Backpropagate each auxiliary term apart from the GRPO gradient already in ``.grad``.
 
     Args:
@@ -175,6 +183,9 @@ def backward_aux_losses(aux_losses: list, policy, model, backward: Callable[[Ten
             policy's ranks, in one order for all of them (``TrainBatch.group_terms``), so each
             rank reduces the same names in the same order, also a name it has no term of (its
             part is 0); None = this rank's names, in order of first appearance (:func:`term_names`).
+        factored_head: A tied head weight in ``params`` whose term gradients are kept as their factors
+            during each term's pass (:mod:`mrl_lightning.head_factors`; the caller passes it
+            only for a policy on one rank, ``reduce`` then has nothing to sum); None = materialized.
 
     Returns:
         The terms' own metrics, plus per term name (terms of one name are summed):
@@ -197,21 +208,38 @@ def backward_aux_losses(aux_losses: list, policy, model, backward: Callable[[Ten
         terms = term_names(aux_losses)
     metrics: dict[str, float] = {}
     total = list(main)
+    at = next((i for i, p in enumerate(params) if p is factored_head), None) if factored_head is not None else None
     for name, bound, floor in terms:
         grads: list[Tensor | None] = [None] * len(params)
+        factors = HeadFactors(factored_head) if at is not None else None
         for aux in aux_losses:
             if aux.name != name:
                 continue
-            loss, aux_metrics = aux(policy, model, dict(totals or {}))
-            backward(loss)
+            with collect(policy, factored_head) if at is not None else contextlib.nullcontext() as kept:
+                loss, aux_metrics = aux(policy, model, dict(totals or {}))
+                backward(loss)
+                del loss  # its graph, and what the graph holds, before the next term's forward
+            if kept is not None:
+                factors.dz += kept.dz
+                factors.h += kept.h
             metrics.update(aux_metrics)
-            grads = [b if a is None else (a if b is None else a + b) for a, b in zip(grads, _take_grads(params))]
+            grads = [b if a is None else (a if b is None else _plus(a, b)) for a, b in zip(grads, _take_grads(params))]
         if reduce is not None:  # the group's gradient of this term, before its norm is taken
             for p, g in zip(params, grads):
                 p.grad = g
             reduce(params)
             grads = _take_grads(params)
-        norm = _norm(grads)
+        if at is None:
+            norm = _norm(grads)
+        else:  # the tied head's part from its factors and sparse rows (head_factors)
+            if grads[at] is not None and not grads[at].is_sparse:  # a pass that materialized it: add the rest in
+                grads[at] = factors.add_into(grads[at], None, 1.0)
+                factors.dz, factors.h = [], []
+            rest = _norm([g if i != at else None for i, g in enumerate(grads)])
+            rows = grads[at] if grads[at] is not None and grads[at].is_sparse else None
+            head_sq = factors.norm_sq(rows) if rows is not None or factors.dz else \
+                float(_squares(grads[at], torch.float64)) if grads[at] is not None else 0.0
+            norm = (rest * rest + head_sq) ** 0.5
         raw, scale = share_scale(main_norm, norm, bound, floor)
         bounded = scale * norm
         share = bounded / (main_norm + bounded) if bounded > 0 else 0.0
@@ -224,6 +252,9 @@ def backward_aux_losses(aux_losses: list, policy, model, backward: Callable[[Ten
             metrics[f"{prefix}/grad_share_floor_active"] = float(main_norm < floor)
         for i, g in enumerate(grads):  # in place: no third set for the sum (docs/mwra.md, "aux. backward")
             grads[i] = None
+            if i == at and (factors.dz or (g is not None and g.is_sparse)):  # scale (S + dZ^T H) into GRPO's
+                total[i] = factors.add_into(total[i], g, scale) if scale != 0.0 or total[i] is not None else None
+                continue
             if g is None or scale == 0.0:
                 continue
             total[i] = _scaled_sum(total[i], g, scale)

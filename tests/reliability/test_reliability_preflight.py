@@ -372,9 +372,11 @@ def test_an_override_of_a_policy_value_says_it_reaches_the_last_policy_only(tmp_
     assert policy_override_notes(["fit", "--config", two]) == []
 
 
-def test_bf16_on_a_cpu_without_bf16_matrix_instructions_is_named_with_the_fix(monkeypatch):
-    from mrl_lightning.preflight import slow_cpu_bf16_line
 
+def test_bf16_on_a_cpu_without_bf16_matrix_instructions_is_named_with_the_fix(monkeypatch):
+    from mrl_lightning.mwra.plan import slow_cpu_bf16_line
+
+    monkeypatch.setattr("platform.machine", lambda: "x86_64")
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     line = slow_cpu_bf16_line("cpu", "bf16-mixed")
@@ -387,28 +389,26 @@ def test_bf16_on_a_cpu_without_bf16_matrix_instructions_is_named_with_the_fix(mo
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
     assert slow_cpu_bf16_line("cpu", "bf16-mixed") is None
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr("platform.machine", lambda: "aarch64")  # ARM's bf16 is not checked here
+    assert slow_cpu_bf16_line("cpu", "bf16-mixed") is None
 
 
-def test_make_fabric_says_the_bf16_warning_once_on_rank_zero_and_never_in_a_launched_worker(monkeypatch):
+def test_the_trainer_says_the_bf16_warning_once_and_never_in_a_launched_worker(monkeypatch, tmp_path):
     import warnings
 
-    from mrl_lightning import preflight
+    from mrl_lightning import trainer as trainer_module
 
+    monkeypatch.setattr("platform.machine", lambda: "x86_64")
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    monkeypatch.setattr(preflight.platform, "machine", lambda: "x86_64")
 
-    def said(**env) -> int:
-        for key, value in env.items():
-            monkeypatch.setenv(key, value)
+    def said() -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            preflight.make_fabric("auto", 60.0, accelerator="cpu", devices=1, precision="bf16-mixed")
+            trainer_module.MRLTrainer(precision="bf16-mixed", devices=1, default_root_dir=str(tmp_path))
         return sum("without bf16 matrix instructions" in str(w.message) for w in caught)
 
     assert said() == 1
-    monkeypatch.setattr(preflight, "is_launched_worker", lambda: True)
-    assert said() == 0
-    monkeypatch.setattr(preflight, "is_launched_worker", lambda: False)
-    monkeypatch.setattr(preflight.platform, "machine", lambda: "aarch64")  # ARM's bf16 is not checked here
+    monkeypatch.setattr(trainer_module, "is_launched_worker", lambda: True)
     assert said() == 0
