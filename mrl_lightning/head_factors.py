@@ -21,10 +21,11 @@ The term's gradient of the weight is ``G = S + dZ^T H``, and
 of S only), and ``total + s G`` is one ``addmm_`` into ``total`` plus one ``index_add_`` of S's
 rows. Same values as the materialized gradient within float32 rounding (tested); under bf16
 autocast within bf16's, where the materialized ``dZ^T H`` is rounded to bf16 and the factored sum,
-in float32, is the closer of the two. Only on one rank (a group of several ranks reduces the term's gradient before its norm, and
-the factors would have to be gathered instead), never for FSDP or LoRA, and only for a weight of
-more than :data:`FACTORED_HEAD_ELEMENTS` entries: every model of the embedded default is far
-below it and keeps the materialized gradient, bit for bit. A pass with more than
+in float32, is the closer of the two. Only on one rank (a group of several ranks reduces the
+term's gradient before its norm, and the factors would have to be gathered instead), never for
+FSDP or LoRA, only for float32 weights and only for a weight of more than
+:data:`FACTORED_HEAD_ELEMENTS` entries: every model of the embedded default is far below it and
+keeps the materialized gradient, bit for bit. A pass with more than
 :data:`FACTOR_ELEMENTS` logit gradients (``n * V``) materializes the head's gradient as before.
 """
 
