@@ -55,16 +55,28 @@ class HeadFactors:
         self.weight = weight
         self.dz: list[Tensor] = []  # [n_i, V] each, compute dtype
         self.h: list[Tensor] = []  # [n_i, h] each, compute dtype
+        self._stack: tuple[Tensor, Tensor] | None = None
 
     def keep(self, dz: Tensor, h: Tensor) -> None:
         """Keep one call's ``[n, V]`` logit gradient and ``[n, h]`` hidden states."""
         self.dz.append(dz.detach())
         self.h.append(h.detach())
+        self._stack = None
+
+    def clear(self) -> None:
+        """Forget every factor (they were added into a materialized gradient)."""
+        self.dz, self.h, self._stack = [], [], None
 
     def _stacked(self) -> tuple[Tensor, Tensor] | None:
+        """All calls' ``(dZ, H)`` as two float32 tensors, stacked once for the norm and the sum."""
         if not self.dz:
             return None
-        return torch.cat(self.dz).float(), torch.cat(self.h).float()
+        if self._stack is None:
+            def whole(parts):
+                return (parts[0] if len(parts) == 1 else torch.cat(parts)).float()
+
+            self._stack = whole(self.dz), whole(self.h)
+        return self._stack
 
     def norm_sq(self, rows: Tensor | None) -> float:
         """``||S + dZ^T H||^2`` (float64 sum) with ``S`` the weight's sparse ``.grad`` (None = 0)."""
@@ -122,10 +134,11 @@ def factorable_weight(policy) -> torch.nn.Parameter | None:
 
 
 @contextlib.contextmanager
-def collect(policy, weight: torch.nn.Parameter) -> Iterator[HeadFactors]:
-    """While active: the head keeps its gradient's factors and the lookup gives sparse rows (module docstring)."""
+def collect(policy, factors: HeadFactors) -> Iterator[HeadFactors]:
+    """While active: the head keeps its gradient's factors in ``factors`` and the lookup gives sparse rows
+    (module docstring)."""
     embedding = policy.model.get_input_embeddings()
-    factors, sparse = HeadFactors(weight), embedding.sparse
+    sparse = embedding.sparse
     _ACTIVE.append(factors)
     embedding.sparse = True
     try:

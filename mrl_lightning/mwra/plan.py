@@ -19,6 +19,7 @@ the CUDA context (~0.3-0.5 GiB per GPU). The loop logs the measured peak
 from __future__ import annotations
 
 import os
+import platform
 from dataclasses import dataclass
 
 from mrl_lightning.errors import ConfigError
@@ -318,8 +319,6 @@ def slow_cpu_bf16_line(device_type: str, precision: str) -> str | None:
     "The kernel paths of this CPU"), so a ``bf16-mixed`` run is many times slower than ``32-true``. The
     checks know x86 only: another architecture (ARM has its own bf16 instructions) gets None.
     """
-    import platform
-
     import torch
 
     if device_type != "cpu" or not str(precision).startswith("bf16"):

@@ -215,13 +215,10 @@ def backward_aux_losses(aux_losses: list, policy, model, backward: Callable[[Ten
         for aux in aux_losses:
             if aux.name != name:
                 continue
-            with collect(policy, factored_head) if at is not None else contextlib.nullcontext() as kept:
+            with collect(policy, factors) if factors is not None else contextlib.nullcontext():
                 loss, aux_metrics = aux(policy, model, dict(totals or {}))
                 backward(loss)
                 del loss  # its graph, and what the graph holds, before the next term's forward
-            if kept is not None:
-                factors.dz += kept.dz
-                factors.h += kept.h
             metrics.update(aux_metrics)
             grads = [b if a is None else (a if b is None else _plus(a, b)) for a, b in zip(grads, _take_grads(params))]
         if reduce is not None:  # the group's gradient of this term, before its norm is taken
@@ -229,17 +226,15 @@ def backward_aux_losses(aux_losses: list, policy, model, backward: Callable[[Ten
                 p.grad = g
             reduce(params)
             grads = _take_grads(params)
-        if at is None:
+        if at is not None and grads[at] is not None and not grads[at].is_sparse:
+            grads[at] = factors.add_into(grads[at], None, 1.0)  # a pass materialized it: the factors join it
+            factors.clear()
+        factored = at is not None and (factors.dz or (grads[at] is not None and grads[at].is_sparse))
+        if not factored:
             norm = _norm(grads)
         else:  # the tied head's part from its factors and sparse rows (head_factors)
-            if grads[at] is not None and not grads[at].is_sparse:  # a pass that materialized it: add the rest in
-                grads[at] = factors.add_into(grads[at], None, 1.0)
-                factors.dz, factors.h = [], []
             rest = _norm([g if i != at else None for i, g in enumerate(grads)])
-            rows = grads[at] if grads[at] is not None and grads[at].is_sparse else None
-            head_sq = factors.norm_sq(rows) if rows is not None or factors.dz else \
-                float(_squares(grads[at], torch.float64)) if grads[at] is not None else 0.0
-            norm = (rest * rest + head_sq) ** 0.5
+            norm = (rest * rest + factors.norm_sq(grads[at])) ** 0.5
         raw, scale = share_scale(main_norm, norm, bound, floor)
         bounded = scale * norm
         share = bounded / (main_norm + bounded) if bounded > 0 else 0.0
@@ -252,7 +247,7 @@ def backward_aux_losses(aux_losses: list, policy, model, backward: Callable[[Ten
             metrics[f"{prefix}/grad_share_floor_active"] = float(main_norm < floor)
         for i, g in enumerate(grads):  # in place: no third set for the sum (docs/mwra.md, "aux. backward")
             grads[i] = None
-            if i == at and (factors.dz or (g is not None and g.is_sparse)):  # scale (S + dZ^T H) into GRPO's
+            if i == at and factored:  # scale (S + dZ^T H) into GRPO's
                 total[i] = factors.add_into(total[i], g, scale) if scale != 0.0 or total[i] is not None else None
                 continue
             if g is None or scale == 0.0:

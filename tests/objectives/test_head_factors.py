@@ -118,7 +118,7 @@ def test_a_pass_with_no_counted_position_and_a_float64_model_keep_the_materializ
     weight = head_factors.factorable_weight(policy)
     p_ids, c_ids = torch.tensor([[5, 6, 7]]), torch.tensor([[9, 10]])
     ones, none = torch.ones_like(p_ids, dtype=torch.bool), torch.zeros_like(c_ids, dtype=torch.bool)
-    with head_factors.collect(policy, weight):
+    with head_factors.collect(policy, head_factors.HeadFactors(weight)):
         logp, _ = completion_logprobs(policy.model, p_ids, ones, c_ids, none, temperature=1.0)
     assert logp.requires_grad  # the plain computation: a loss of it still backpropagates (to zero)
     assert policy.model.get_input_embeddings().sparse is False
