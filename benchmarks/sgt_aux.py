@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", default="32-true", help="Fabric precision (32-true or bf16-mixed)")
     parser.add_argument("--rounds", type=int, default=3, help="timed calls after one warm-up call")
     parser.add_argument("--top", type=int, default=16, help="operators to list from the profile")
+    parser.add_argument("--grpo-rows", type=int, default=16,
+                        help="rows of a GRPO-like pass run before each timed call inside the same shared_casts "
+                             "context, as the update runs them (0: none, the call casts every weight itself)")
     parser.add_argument("--materialize", action="store_true",
                         help="take the tied head's gradient whole, as a group of several ranks does (default: as "
                              "one rank does, its factors, mrl_lightning/head_factors.py)")
@@ -53,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     from mrl_lightning.callbacks.sgt_terms import _SGTTransferLoss
     from mrl_lightning.objectives.aux_share import backward_aux_losses
     from mrl_lightning.head_factors import factorable_weight
+    from mrl_lightning.update import term_attention
+    from mrl_lightning.weight_casts import shared_casts
     from mrl_lightning.policy import PolicyModule
 
     torch.set_num_threads(1)
@@ -66,27 +71,51 @@ def main(argv: list[str] | None = None) -> int:
     demos = [(torch.randint(100, 5000, (args.prompt_tokens,), generator=g).tolist(),
               torch.randint(100, 5000, (args.completion_tokens,), generator=g).tolist()) for _ in range(args.demos)]
     term = _SGTTransferLoss(demos, 0.3, 1.0, f"probe/sgt/{args.policy}", 0.3, policy.tokenizer.pad_token_id)
-    for p in params:
-        p.grad = torch.randn(p.shape, generator=g) * 1e-3
+    start = [torch.randn(p.shape, generator=g) * 1e-3 for p in params]
+    for p, g0 in zip(params, start):
+        p.grad = g0.clone()
 
     factored = None if args.materialize else factorable_weight(policy)
 
-    def once() -> dict:
-        return backward_aux_losses([term], policy, model, fabric.backward, params, tag=lambda name: name,
-                                   totals={"sgt_demos": float(args.demos)}, factored_head=factored)
+    grpo = (torch.randint(100, 5000, (args.grpo_rows, args.prompt_tokens), generator=g),
+            torch.randint(100, 5000, (args.grpo_rows, 2 * args.completion_tokens), generator=g))
+
+    def grpo_pass() -> None:  # GRPO's forward and backward, its gradient then replaced by the random one
+        if not args.grpo_rows:
+            return
+        p_ids, c_ids = grpo
+        with fabric.autocast():
+            logp, _ = policy.completion_logprobs(p_ids, torch.ones_like(p_ids, dtype=torch.bool), c_ids,
+                                                 torch.ones_like(c_ids, dtype=torch.bool), model=model)
+        fabric.backward(logp.mean())
+        for p, g0 in zip(params, start):
+            p.grad = g0.clone()
+
+    def once(timed: list | None = None) -> dict:
+        with shared_casts("cpu"):  # as the update (mrl_lightning/update.py): one cast per weight
+            grpo_pass()
+            t0 = time.perf_counter()
+            with term_attention(fabric):  # as the update
+                out = backward_aux_losses([term], policy, model, fabric.backward, params, tag=lambda name: name,
+                                          totals={"sgt_demos": float(args.demos)}, factored_head=factored)
+            if timed is not None:
+                timed.append(time.perf_counter() - t0)
+        return out
 
     once()
-    seconds = []
+    seconds: list[float] = []
     for _ in range(args.rounds):
-        t0 = time.perf_counter()
-        metrics = once()
-        seconds.append(time.perf_counter() - t0)
+        metrics = once(seconds)
     how = "materialized" if factored is None else "factored"
-    print(f"{args.policy} ({args.precision}, head gradient {how}): {args.demos} demos x ({args.prompt_tokens} + {args.completion_tokens}) "
-          f"tokens: {statistics.median(seconds):.3f} s a call (median of {args.rounds}: "
-          f"{', '.join(f'{s:.3f}' for s in seconds)}); share {metrics['sgt/grad_share']:.3f}", flush=True)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        once()
+    print(f"{args.policy} ({args.precision}, head gradient {how}): {args.demos} demos x "
+          f"({args.prompt_tokens} + {args.completion_tokens}) tokens: {statistics.median(seconds):.3f} s a call "
+          f"(median of {args.rounds}, least {min(seconds):.3f}: {', '.join(f'{s:.3f}' for s in seconds)}); "
+          f"share {metrics['sgt/grad_share']:.3f}", flush=True)
+    with shared_casts("cpu"):
+        grpo_pass()
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof, term_attention(fabric):
+            backward_aux_losses([term], policy, model, fabric.backward, params, tag=lambda name: name,
+                                totals={"sgt_demos": float(args.demos)}, factored_head=factored)
     events = sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: -e.self_cpu_time_total)
     for e in events[:args.top]:
         print(f"  {e.key[:40]:40s} {e.self_cpu_time_total / 1e3:9.1f} ms x{e.count:<4d} {str(e.input_shapes)[:70]}")

@@ -104,7 +104,8 @@ def completion_hidden(
     completion_ids: Tensor,
     completion_mask: Tensor,
     share_prompts: bool = True,
-) -> tuple[Tensor, Tensor, Tensor]:
+    probe: bool = True,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Final hidden states that predict each completion token, for a head applied in chunks.
 
     The passes of :func:`completion_logits` with ``output_hidden_states`` and the model's own
@@ -115,34 +116,41 @@ def completion_hidden(
     Args:
         model, prompt_ids, prompt_mask, completion_ids, completion_mask, share_prompts: As
             :func:`completion_logits`.
+        probe: Return the probe; False = the model's head runs on no position at all (an empty
+            ``logits_to_keep`` index, Hugging Face's documented 1-D form): for a head the caller
+            has checked already, whose [N, V] probe would cost a pass over the whole head weight.
 
     Returns:
         ``([N, L, H] hidden states, row t before completion token t; [N, H] hidden state and
-        [N, V] logits of the model at its last position)``, in the model's dtypes.
+        [N, V] logits of the model at its last position, or None and None without the probe)``,
+        in the model's dtypes.
     """
     n, p = prompt_ids.shape
     length = completion_ids.shape[1]
+    none = torch.empty(0, dtype=torch.long, device=prompt_ids.device)
+    keep = 1 if probe else none
     attn, position_ids, unique, inverse = _rows(prompt_ids, prompt_mask, completion_mask, share_prompts)
     if unique is None or unique.shape[0] == n:
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        out = model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, logits_to_keep=1,
+        out = model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, logits_to_keep=keep,
                     output_hidden_states=True)
         last = out.hidden_states[-1]
-        return last[:, -(length + 1):-1], last[:, -1], out.logits[:, -1]
+        return (last[:, -(length + 1):-1],) + ((last[:, -1], out.logits[:, -1]) if probe else (None, None))
     u_ids, u_mask = unique[:, :p], unique[:, p:]
     u_pos = (u_mask.cumsum(dim=1) - 1).clamp(min=0)
-    head = model(input_ids=u_ids, attention_mask=u_mask, position_ids=u_pos, use_cache=True, logits_to_keep=1,
-                 output_hidden_states=True)
+    # the prompt pass's logits are the probe only when there is no tail pass
+    head = model(input_ids=u_ids, attention_mask=u_mask, position_ids=u_pos, use_cache=True,
+                 logits_to_keep=keep if length == 1 else none, output_hidden_states=True)
     first = head.hidden_states[-1][:, -1:][inverse]  # [N, 1, H]: predicts the first completion token
     if length == 1:
-        return first, head.hidden_states[-1][:, -1], head.logits[:, -1]
+        return (first,) + ((head.hidden_states[-1][:, -1], head.logits[:, -1]) if probe else (None, None))
     cache = _output_cache(head)
     cache.batch_select_indices(inverse)
     tail = model(input_ids=completion_ids[:, :-1], attention_mask=attn[:, : p + length - 1],
-                 position_ids=position_ids[:, p: p + length - 1], use_cache=False, logits_to_keep=1,
+                 position_ids=position_ids[:, p: p + length - 1], use_cache=False, logits_to_keep=keep,
                  output_hidden_states=True, **{_cache_kwarg(model): cache})
     last = tail.hidden_states[-1]
-    return torch.cat([first, last], dim=1), last[:, -1], tail.logits[:, -1]
+    return (torch.cat([first, last], dim=1),) + ((last[:, -1], tail.logits[:, -1]) if probe else (None, None))
 
 
 @torch.no_grad()

@@ -46,6 +46,7 @@ from mrl_lightning.objectives.grpo import group_advantages, grpo_loss, masked_me
 from mrl_lightning.objectives.loss_types import GRPO, LOSS_TYPES
 from mrl_lightning.policy import PolicyModule
 from mrl_lightning.rollout.sampler_correction import SamplerCorrection
+from mrl_lightning.weight_casts import shared_casts
 
 Reduce = Callable[[list[torch.nn.Parameter]], None]
 
@@ -148,6 +149,24 @@ def _autocast(fabric):
     return fabric.autocast() if hasattr(fabric, "autocast") else contextlib.nullcontext()
 
 
+def term_attention(fabric):
+    """The attention kernel of the auxiliary terms' own passes: torch's math kernel on a CPU under mixed precision.
+
+    A term's pass runs a few short rows (SGT's demos). There, on a CPU in bf16, the flash kernel's
+    forward and backward took 1.5-3x the math kernel's (2 rows of 45 tokens: 6.9 ms against 2.3 ms
+    with SmolLM2's heads, 3.9 against 2.6 with Gemma 3's; docs/speed.md, "Attention"). Elsewhere
+    (float32, a GPU, the GRPO batch) no kernel is chosen here.
+    """
+    from lightning.fabric.plugins.precision.amp import MixedPrecision
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    device = getattr(getattr(fabric, "device", None), "type", None)
+    precision = getattr(getattr(fabric, "strategy", None), "precision", None)
+    if device == "cpu" and isinstance(precision, MixedPrecision):
+        return sdpa_kernel([SDPBackend.MATH])
+    return contextlib.nullcontext()
+
+
 def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimizer,
                   reduce_gradients: Reduce | None = None, gather: Callable | None = None) -> dict[str, float]:
     """One policy's update on its composed batch, in the order of the module docstring.
@@ -190,7 +209,7 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
     if policy.beta > 0 and slices:  # the reference scores in the update's precision (autocast), like the policy
         module, off = (policy.model, policy.model.disable_adapter()) if policy.is_adapter \
             else (policy.ref_model, contextlib.nullcontext())  # LoRA: the base is the reference
-        with torch.no_grad(), _autocast(fabric), off:
+        with torch.no_grad(), _autocast(fabric), off, shared_casts():
             ref = torch.cat([logprobs(sl, module)[0] for sl in slices])
     metrics: dict[str, float] = {}
     sampler_weights = None  # another engine sampled (vLLM, or mixed precision): docs/rollout.md
@@ -201,28 +220,32 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
     metrics[aux_key], metrics[skip_key] = 0.0, 0.0
     for iteration in range(policy.num_iterations):
         optimizer.zero_grad(set_to_none=True)
-        entropy_mask = top_entropy_mask(policy, r, loss_mask(policy, r), model, gather)
-        _fold(metrics, _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_weights,
-                                      entropy=iteration == 0, entropy_mask=entropy_mask,
-                                      correction=correction if iteration == 0 else None))
-        if iteration == 0 and correction is not None:  # the first forward's log-probs are the old ones from here on
-            sampler_weights, sampler_metrics = correction.finish()
-            metrics.update(sampler_metrics)
-        if not slices:  # no group on this rank (dynamic sampling): a zero gradient, as a rank with rows sums
-            zero_gradients(trainable(policy))
-        params = trainable(policy)
-        reduce(params)
-        if batch.aux_losses or batch.group_terms:  # a rank without a term still reduces the group's terms
-            t0 = time.perf_counter()
-            terms = _with_empty_shares(policy, batch, batch.aux_losses)
-            _fold(metrics, backward_aux_losses(terms, policy, model, fabric.backward, params,
-                                               tag=lambda term: f"probe/{term}/{p}", totals=totals, reduce=reduce,
-                                               terms=batch.group_terms,
-                                               # one rank (no group's terms): a large tied head's term gradient
-                                               # as its factors (mrl_lightning/head_factors.py)
-                                               factored_head=factorable_weight(policy) if batch.group_terms is None
-                                               else None))
-            metrics[aux_key] += time.perf_counter() - t0
+        device = getattr(getattr(fabric, "device", None), "type", None)
+        # this optimizer step's passes: one cast per weight (mrl_lightning/weight_casts.py)
+        with shared_casts(None if policy.fsdp else device):
+            entropy_mask = top_entropy_mask(policy, r, loss_mask(policy, r), model, gather)
+            _fold(metrics, _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_weights,
+                                          entropy=iteration == 0, entropy_mask=entropy_mask,
+                                          correction=correction if iteration == 0 else None))
+            if iteration == 0 and correction is not None:  # the first forward's log-probs are the old ones now
+                sampler_weights, sampler_metrics = correction.finish()
+                metrics.update(sampler_metrics)
+            if not slices:  # no group on this rank (dynamic sampling): a zero gradient, as a rank with rows sums
+                zero_gradients(trainable(policy))
+            params = trainable(policy)
+            reduce(params)
+            if batch.aux_losses or batch.group_terms:  # a rank without a term still reduces the group's terms
+                t0 = time.perf_counter()
+                terms = _with_empty_shares(policy, batch, batch.aux_losses)
+                with term_attention(fabric):
+                    term_metrics = backward_aux_losses(
+                        terms, policy, model, fabric.backward, params, tag=lambda term: f"probe/{term}/{p}",
+                        totals=totals, reduce=reduce, terms=batch.group_terms,
+                        # one rank (no group's terms): a large tied head's term gradient as its factors
+                        # (mrl_lightning/head_factors.py)
+                        factored_head=factorable_weight(policy) if batch.group_terms is None else None)
+                _fold(metrics, term_metrics)
+                metrics[aux_key] += time.perf_counter() - t0
         skipped = skip_nonfinite_update(policy, params)
         metrics[skip_key] += float(skipped)
         metrics[f"train/{p}/grad_norm"] = _clip_and_step(policy, params, model, fabric, optimizer, skipped, metrics)

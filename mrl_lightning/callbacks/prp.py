@@ -63,7 +63,7 @@ from mrl_lightning.probes.prp import (
     prp_weight_metrics,
 )
 from mrl_lightning.rollout.base import left_pad
-from mrl_lightning.thl import residual_metrics, transfer_trace
+from mrl_lightning.thl import prepare, residual_metrics, transfer_trace
 from mrl_lightning.update import loss_counts
 
 
@@ -231,6 +231,9 @@ class PeerRolloutPooling(MRLCallback):
         note = advantage_probe_note(ctx.callbacks, self)
         if note:
             ctx.print(note)
+        for policy in getattr(system, "policies", {}).values():  # THL's tables now, not in the first step that pools (thl.prepare)
+            if policy.tokenizer is not None:
+                prepare(policy.tokenizer)
 
     def select(self, records: list[RolloutRecord], system) -> dict[str, list[RolloutRecord]]:
         """Up to M records per prompt: newest step first, alternating between sources."""

@@ -42,7 +42,7 @@ from mrl_lightning.probes.sgt import (ShareBound, eligible_rows, first_eligible_
 from mrl_lightning.callbacks.rescue_control import note_rescue_control
 from mrl_lightning.callbacks.sgt_terms import _SGTGroupLoss, _SGTTransferLoss, pack_ids, unpack_ids
 from mrl_lightning.metrics import Mean, Sum
-from mrl_lightning.thl import residual_metrics, retokenize, transfer_trace
+from mrl_lightning.thl import prepare, residual_metrics, retokenize, transfer_trace
 
 
 TRANSFER_MODES = ("nll", "group")
@@ -307,9 +307,13 @@ class SuccessGatedTransfer(MRLCallback):
         return value
 
     def setup(self, ctx, system, datamodule) -> None:
-        """Note the receivers this rank updates: its checkpoint state holds their bound state only."""
+        """Note the receivers this rank updates (its checkpoint state holds their bound state only) and build
+        THL's tables for every policy's tokenizer now, not in the first step that transfers (:func:`prepare`)."""
         workers = getattr(ctx, "workers", None)
         self._local = set(workers.local_policies) if workers is not None else None
+        for policy in getattr(system, "policies", {}).values():
+            if policy.tokenizer is not None:
+                prepare(policy.tokenizer)
 
     def _group_rows(self, ctx, name: str, own, prompt_ids: list[str], peer) -> set[int] | None:
         """On a group of several ranks, the rows of this rank's shard that may be rescued: a prompt drawn

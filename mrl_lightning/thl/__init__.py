@@ -15,6 +15,7 @@ from mrl_lightning.thl.residual import residual_metrics
 from mrl_lightning.thl.retokenize import (
     Retokenized,
     encode_completion,
+    prepare,
     retokenize,
     tokenizer_fingerprint,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "conservation_error",
     "decode_completion",
     "encode_completion",
+    "prepare",
     "fix_leading_space",
     "leading_space_failures",
     "load_tokenizer",

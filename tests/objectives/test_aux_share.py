@@ -163,51 +163,76 @@ def test_the_bounded_term_is_added_in_place_with_the_rounding_of_g0_plus_scale_t
     assert all(torch.equal(a + p.grad * scale, g) for a, p, g in zip(g0, params, got))
 
 
-def test_norm_in_chunks_bit_equal_whole_at_or_below_the_chunk_and_close_above(monkeypatch):
+def test_norm_bit_equal_whole_at_or_below_the_row_size_and_accurate_above_without_a_temporary(monkeypatch):
     from mrl_lightning.objectives import aux_share
 
     g = torch.Generator().manual_seed(3)
     small = torch.randn(1000, generator=g)
-    large = torch.randn(70_000, generator=g) * 1e-3
+    large = torch.randn(70_001, generator=g) * 1e-3  # not a whole number of rows: the tail counts too
     whole = float(torch.stack([small.pow(2).sum(), large.pow(2).sum()]).sum().sqrt())
-    monkeypatch.setattr(aux_share, "NORM_CHUNK_ELEMENTS", 70_000)  # both at or below: summed whole
+    monkeypatch.setattr(aux_share, "WHOLE_SUM_ELEMENTS", 70_001)  # both at or below: summed whole, as always
     assert aux_share._norm([small, large]) == whole
-    monkeypatch.setattr(aux_share, "NORM_CHUNK_ELEMENTS", 4096)  # `large` in 18 chunks
-    chunked = aux_share._norm([small, large])
-    assert chunked == pytest.approx(whole, rel=1e-6)
-    squared = []  # no squared temporary larger than one chunk
+    monkeypatch.setattr(aux_share, "WHOLE_SUM_ELEMENTS", 4096)  # `large` above it: by rows
+    exact = float(torch.cat([small, large]).double().pow(2).sum().sqrt())
+    by_rows = aux_share._norm([small, large])
+    assert by_rows == pytest.approx(exact, rel=1e-7)
+    squared = []  # no temporary the size of `large`: nothing squares it, nothing copies it
 
     class Sizes(torch.overrides.TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            if func in (torch.Tensor.pow, torch.pow):
+            if func in (torch.Tensor.pow, torch.pow, torch.Tensor.to, torch.Tensor.float, torch.Tensor.double):
                 squared.append(args[0].numel())
             return func(*args, **(kwargs or {}))
 
     with Sizes():
-        assert aux_share._norm([small, large]) == chunked
-    assert max(squared) == 4096 and sum(squared) == small.numel() + large.numel()
+        assert aux_share._norm([small, large]) == by_rows
+    assert max(squared) <= max(small.numel(), large.numel() // aux_share.NORM_ROW + 1)
+    low = large.to(torch.bfloat16)  # a gradient in the compute dtype: float32 sums, the same path
+    assert float(aux_share._squares(low, torch.float32)) == pytest.approx(float(low.double().pow(2).sum()),
+                                                                           rel=1e-7)
+    # a float32 dot product of a large tensor with itself is not accurate enough (why rows): the check can fail
+    big = torch.randn(1 << 24, generator=g)
+    exact_big = float(big.double().pow(2).sum())
+    assert float(aux_share._squares(big, torch.float32)) == pytest.approx(exact_big, rel=1e-7)
+    assert float(torch.dot(big, big)) != pytest.approx(exact_big, rel=1e-7)
     # a non-contiguous gradient is summed whole, and a huge finite one still gets a finite norm
     strided = torch.randn(300, 40, generator=g).t()
     assert aux_share._norm([strided]) == float(strided.pow(2).sum().sqrt())
     huge = torch.full((9000,), 1e19)
     assert aux_share._norm([huge]) == pytest.approx(float(huge[0]) * math.sqrt(9000), rel=1e-9)
+    huge_rows = torch.full((9000,), 1e19)  # above the row size too: the float64 fallback in chunks
+    assert aux_share._norm([huge_rows]) == pytest.approx(float(huge_rows[0]) * math.sqrt(9000), rel=1e-9)
 
 
-def test_scaled_sum_in_chunks_is_bit_equal_to_scale_then_add(monkeypatch):
+def test_scaled_sum_is_scale_then_add_at_or_below_the_dot_size_and_one_pass_above(monkeypatch):
     from mrl_lightning.objectives import aux_share
 
     g = torch.Generator().manual_seed(4)
     total, term = torch.randn(50_001, generator=g), torch.randn(50_001, generator=g)
     expected = total.clone().add_(term.clone().mul_(0.37))
-    monkeypatch.setattr(aux_share, "NORM_CHUNK_ELEMENTS", 4096)
-    out = aux_share._scaled_sum(total.clone(), term.clone(), 0.37)
+    out = aux_share._scaled_sum(total.clone(), term.clone(), 0.37)  # at or below WHOLE_SUM_ELEMENTS: the old rounding
     assert torch.equal(out, expected)
     assert torch.equal(aux_share._scaled_sum(total.clone(), term.clone(), 1.0), total + term)
     assert torch.equal(aux_share._scaled_sum(None, term.clone(), 0.37), term * 0.37)
-    # a non-contiguous gradient takes the whole-tensor path, with the same rounding
+    # a non-contiguous gradient takes the two-step path, with the same rounding
     t2 = torch.randn(300, 40, generator=g)
     s2 = torch.randn(40, 300, generator=g).t()
     assert torch.equal(aux_share._scaled_sum(t2.clone(), s2.clone(), 0.5), t2 + s2 * 0.5)
+    monkeypatch.setattr(aux_share, "WHOLE_SUM_ELEMENTS", 4096)  # above it: one pass, within one rounding of the sum
+    ops = []
+
+    class Ops(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            ops.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    into, part = total.clone(), term.clone()
+    with Ops():
+        fused = aux_share._scaled_sum(into, part, 0.37)
+    assert [op for op in ops if not op.startswith("__") and (op.endswith("_") or op in ("mul", "add"))] == ["add_"]  # one pass, no scaled copy
+    assert torch.equal(part, term)  # `term` left as it was: not scaled in place first
+    torch.testing.assert_close(fused, expected, rtol=2 ** -23, atol=2 ** -23)
+    assert not torch.equal(fused, total)
 
 
 def test_scaled_sum_of_two_views_of_one_buffer_is_refused_as_before(monkeypatch):

@@ -67,7 +67,7 @@ def test_factored_pass_makes_no_fresh_vocabulary_sized_tensor(monkeypatch):
     from mrl_lightning.objectives import aux_share
 
     monkeypatch.setattr(head_factors, "FACTORED_HEAD_ELEMENTS", 0)
-    monkeypatch.setattr(aux_share, "NORM_CHUNK_ELEMENTS", 1024)  # the norms' squares in chunks, as for a real head
+    monkeypatch.setattr(aux_share, "WHOLE_SUM_ELEMENTS", 1024)  # the norms without a temporary, as a real head's
     policy = _policy()
     demos = [([5, 6, 7, 8], [9, 10, 11, 9, 12])]
     fresh = []
