@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         with shared_casts("cpu"):  # as the update (mrl_lightning/update.py): one cast per weight
             grpo_pass()
             t0 = time.perf_counter()
-            with term_attention(fabric):  # as the update
+            with term_attention(fabric, [term]):  # as the update
                 out = backward_aux_losses([term], policy, model, fabric.backward, params, tag=lambda name: name,
                                           totals={"sgt_demos": float(args.demos)}, factored_head=factored)
             if timed is not None:
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
           f"share {metrics['sgt/grad_share']:.3f}", flush=True)
     with shared_casts("cpu"):
         grpo_pass()
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof, term_attention(fabric):
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof, term_attention(fabric, [term]):
             backward_aux_losses([term], policy, model, fabric.backward, params, tag=lambda name: name,
                                 totals={"sgt_demos": float(args.demos)}, factored_head=factored)
     events = sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: -e.self_cpu_time_total)

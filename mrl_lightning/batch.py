@@ -114,6 +114,11 @@ class AuxiliaryLoss:
         """
         raise NotImplementedError(f"{type(self).__name__} must implement __call__")
 
+    def pass_shape(self) -> tuple[int, int] | None:
+        """``(rows, tokens of its longest row)`` of the term's own forward pass, or None when not known in advance
+        (the update picks the attention kernel of short passes by it: :func:`mrl_lightning.update.term_attention`)."""
+        return None
+
 
 @dataclass
 class TrainBatch:

@@ -149,20 +149,33 @@ def _autocast(fabric):
     return fabric.autocast() if hasattr(fabric, "autocast") else contextlib.nullcontext()
 
 
-def term_attention(fabric):
-    """The attention kernel of the auxiliary terms' own passes: torch's math kernel on a CPU under mixed precision.
+MATH_ATTENTION_ROWS, MATH_ATTENTION_TOKENS = 8, 128
+"""The largest auxiliary pass :func:`term_attention` gives the math kernel: 8 rows of at most 128 tokens. The
+math kernel keeps each layer's attention scores for the backward (rows x heads x tokens^2, about 8.5 bytes
+each: 10 MiB a layer there with 9 heads), where the flash kernel keeps none."""
 
-    A term's pass runs a few short rows (SGT's demos). There, on a CPU in bf16, the flash kernel's
-    forward and backward took 1.5-3x the math kernel's (2 rows of 45 tokens: 6.9 ms against 2.3 ms
-    with SmolLM2's heads, 3.9 against 2.6 with Gemma 3's; docs/speed.md, "Attention"). Elsewhere
-    (float32, a GPU, the GRPO batch) no kernel is chosen here.
+
+def term_attention(fabric, terms: list):
+    """The attention kernel of the auxiliary terms' own passes: torch's math kernel for short passes on a CPU
+    under mixed precision.
+
+    SGT's pass runs a few short rows, its demos. There, on a CPU in bf16, the flash kernel's forward
+    and backward took 1.5-3x the math kernel's (2 rows of 45 tokens: 6.9 ms against 2.3 ms with
+    SmolLM2's heads, 3.9 against 2.6 with Gemma 3's; docs/speed.md, "Attention"). Only when every
+    term declares a pass of at most :data:`MATH_ATTENTION_ROWS` rows of :data:`MATH_ATTENTION_TOKENS`
+    tokens (``AuxiliaryLoss.pass_shape``): the math kernel keeps the scores the flash kernel does not,
+    and on long rows it is slower. Elsewhere (float32, a GPU, PRP's peer rows, the GRPO batch) no
+    kernel is chosen here.
     """
     from lightning.fabric.plugins.precision.amp import MixedPrecision
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     device = getattr(getattr(fabric, "device", None), "type", None)
     precision = getattr(getattr(fabric, "strategy", None), "precision", None)
-    if device == "cpu" and isinstance(precision, MixedPrecision):
+    shapes = [term.pass_shape() for term in terms]
+    short = bool(shapes) and all(shape is not None and shape[0] <= MATH_ATTENTION_ROWS
+                                 and shape[1] <= MATH_ATTENTION_TOKENS for shape in shapes)
+    if device == "cpu" and isinstance(precision, MixedPrecision) and short:
         return sdpa_kernel([SDPBackend.MATH])
     return contextlib.nullcontext()
 
@@ -237,7 +250,7 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
             if batch.aux_losses or batch.group_terms:  # a rank without a term still reduces the group's terms
                 t0 = time.perf_counter()
                 terms = _with_empty_shares(policy, batch, batch.aux_losses)
-                with term_attention(fabric):
+                with term_attention(fabric, terms):
                     term_metrics = backward_aux_losses(
                         terms, policy, model, fabric.backward, params, tag=lambda term: f"probe/{term}/{p}",
                         totals=totals, reduce=reduce, terms=batch.group_terms,

@@ -17,7 +17,10 @@ weight:
 
 The same values as fresh casts: bits unchanged (tested). The update
 (:func:`mrl_lightning.update.policy_update`) opens the context around each optimizer step's
-passes and closes it before the step, so no cast outlives the weights it was made from.
+passes and closes it before the step, so no cast outlives the weights it was made from: the
+weights must not change inside it (autocast's cache does not look at a weight's version, and a
+write through ``.data`` passes the head's check unseen). A head cast by the model's own forward
+(a call small enough for whole logits) and by the chunked path in one context is held twice.
 """
 
 from __future__ import annotations

@@ -131,25 +131,35 @@ def test_completion_hidden_without_the_probe_gives_the_same_hidden_states(share)
 
 
 
-def test_a_term_pass_takes_the_math_attention_kernel_on_a_cpu_under_mixed_precision_only():
+def test_a_short_term_pass_takes_the_math_attention_kernel_on_a_cpu_under_mixed_precision_only():
     import types
 
     from lightning.fabric.plugins.precision.amp import MixedPrecision
 
-    from mrl_lightning.update import term_attention
+    from mrl_lightning.update import MATH_ATTENTION_ROWS, MATH_ATTENTION_TOKENS, term_attention
 
-    def fabric(mixed: bool, device: str = "cpu"):
-        precision = MixedPrecision("bf16-mixed", device=device) if mixed else object()
-        return types.SimpleNamespace(device=torch.device(device), strategy=types.SimpleNamespace(precision=precision))
+    def fabric(mixed: bool):
+        precision = MixedPrecision("bf16-mixed", device="cpu") if mixed else object()
+        return types.SimpleNamespace(device=torch.device("cpu"), strategy=types.SimpleNamespace(precision=precision))
+
+    def term(shape):
+        return types.SimpleNamespace(pass_shape=lambda: shape)
 
     q = torch.randn(2, 4, 6, 8, dtype=torch.bfloat16, requires_grad=True)
-    kernels = {}
-    for name, f in (("mixed", fabric(True)), ("float32", fabric(False))):
-        with term_attention(f):
+
+    def kernel(context=None):
+        with context or contextlib.nullcontext():
             out = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
-        kernels[name] = type(out.grad_fn).__name__
-    assert "Flash" not in kernels["mixed"]  # the math kernel's graph: matmuls and a softmax
-    assert "Flash" in kernels["float32"]  # no kernel chosen: torch's own pick on a CPU (the check can fail)
+        return type(out.grad_fn).__name__
+
+    own = kernel()  # torch's own pick
+    math = kernel(torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]))
+    assert own != math  # the two kernels build different graphs: the check below can fail
+    short, long_rows, many = (2, 45), (2, MATH_ATTENTION_TOKENS + 1), (MATH_ATTENTION_ROWS + 1, 10)
+    assert kernel(term_attention(fabric(True), [term(short)])) == math
+    assert kernel(term_attention(fabric(False), [term(short)])) == own  # float32: torch's own
+    for terms in ([term(long_rows)], [term(many)], [term(short), term(None)], []):  # long, many, unknown, none
+        assert kernel(term_attention(fabric(True), terms)) == own
 
 
 def test_sgt_builds_thl_s_tables_at_setup_not_in_the_first_transfer():
@@ -165,6 +175,11 @@ def test_sgt_builds_thl_s_tables_at_setup_not_in_the_first_transfer():
 
     tokenizer = AutoTokenizer.from_pretrained(str(Path(__file__).resolve().parents[1] / "models" / "default" / "gpt2"))
     assert getattr(tokenizer, thl_retokenize._STATE_ATTR, None) is None
-    system = types.SimpleNamespace(policies={"a": types.SimpleNamespace(tokenizer=tokenizer)})
-    SuccessGatedTransfer().setup(types.SimpleNamespace(workers=None), system, None)
-    assert getattr(tokenizer, thl_retokenize._STATE_ATTR, None) is not None
+    producer = AutoTokenizer.from_pretrained(str(Path(__file__).resolve().parents[1] / "models" / "default" / "llama"))
+    system = types.SimpleNamespace(policies={"a": types.SimpleNamespace(tokenizer=tokenizer),
+                                             "b": types.SimpleNamespace(tokenizer=producer)})
+    workers = types.SimpleNamespace(local_policies=["a"])  # this rank updates "a" only
+    SuccessGatedTransfer().setup(types.SimpleNamespace(workers=workers), system, None)
+    assert getattr(tokenizer, thl_retokenize._STATE_ATTR, None) is not None  # a receiver here: its encoder
+    assert getattr(producer, thl_retokenize._STATE_ATTR, None) is None  # a producer only: its byte table
+    assert getattr(producer, thl_retokenize._TABLE_ATTR, None) is not None

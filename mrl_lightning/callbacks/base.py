@@ -41,6 +41,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from mrl_lightning.thl import prepare
+
 # A service a callback can provide -> the callback users list for it (named in errors).
 SERVICE_PROVIDERS = {"exchange": "mrl_lightning.callbacks.SharedExperienceExchange"}
 
@@ -161,3 +163,16 @@ def collect_services(callbacks: list) -> dict[str, Any]:
         if getattr(cb, "provides", ()):
             out.update(cb.services())
     return out
+
+
+def prepare_thl(ctx: HookContext, system, receivers: list[str] | None) -> None:
+    """Build THL's tables at setup for what this rank will retokenize: the encoder and byte table of each
+    receiver it updates (``receivers``: None = every policy), the byte table of every other policy (a
+    producer whose ids are mapped from); not in the first step that transfers (:func:`mrl_lightning.thl.prepare`)."""
+    workers = getattr(ctx, "workers", None)
+    local = set(workers.local_policies) if workers is not None else None
+    for name, policy in getattr(system, "policies", {}).items():
+        if getattr(policy, "tokenizer", None) is None:
+            continue
+        receives = (receivers is None or name in receivers) and (local is None or name in local)
+        prepare(policy.tokenizer, encoder=receives)

@@ -49,7 +49,7 @@ import torch
 from torch import Tensor
 
 from mrl_lightning.batch import AuxiliaryLoss
-from mrl_lightning.callbacks.base import MRLCallback
+from mrl_lightning.callbacks.base import MRLCallback, prepare_thl
 from mrl_lightning.callbacks.xgrpo import advantage_probe_note
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.exchange import RolloutRecord
@@ -63,7 +63,7 @@ from mrl_lightning.probes.prp import (
     prp_weight_metrics,
 )
 from mrl_lightning.rollout.base import left_pad
-from mrl_lightning.thl import prepare, residual_metrics, transfer_trace
+from mrl_lightning.thl import residual_metrics, transfer_trace
 from mrl_lightning.update import loss_counts
 
 
@@ -231,9 +231,7 @@ class PeerRolloutPooling(MRLCallback):
         note = advantage_probe_note(ctx.callbacks, self)
         if note:
             ctx.print(note)
-        for policy in getattr(system, "policies", {}).values():  # THL's tables now, not in the first step that pools (thl.prepare)
-            if policy.tokenizer is not None:
-                prepare(policy.tokenizer)
+        prepare_thl(ctx, system, self.receivers)  # THL's tables now, not in the first step that pools
 
     def select(self, records: list[RolloutRecord], system) -> dict[str, list[RolloutRecord]]:
         """Up to M records per prompt: newest step first, alternating between sources."""

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from mrl_lightning.callbacks.base import MRLCallback
+from mrl_lightning.callbacks.base import MRLCallback, prepare_thl
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.exchange import RolloutRecord, SuccessRecord
 from mrl_lightning.probes.ledger import RescueLedger, merge_ledger_states
@@ -42,7 +42,7 @@ from mrl_lightning.probes.sgt import (ShareBound, eligible_rows, first_eligible_
 from mrl_lightning.callbacks.rescue_control import note_rescue_control
 from mrl_lightning.callbacks.sgt_terms import _SGTGroupLoss, _SGTTransferLoss, pack_ids, unpack_ids
 from mrl_lightning.metrics import Mean, Sum
-from mrl_lightning.thl import prepare, residual_metrics, retokenize, transfer_trace
+from mrl_lightning.thl import residual_metrics, retokenize, transfer_trace
 
 
 TRANSFER_MODES = ("nll", "group")
@@ -308,12 +308,10 @@ class SuccessGatedTransfer(MRLCallback):
 
     def setup(self, ctx, system, datamodule) -> None:
         """Note the receivers this rank updates (its checkpoint state holds their bound state only) and build
-        THL's tables for every policy's tokenizer now, not in the first step that transfers (:func:`prepare`)."""
+        THL's tables now, not in the first step that transfers (:func:`~mrl_lightning.callbacks.base.prepare_thl`)."""
         workers = getattr(ctx, "workers", None)
         self._local = set(workers.local_policies) if workers is not None else None
-        for policy in getattr(system, "policies", {}).values():
-            if policy.tokenizer is not None:
-                prepare(policy.tokenizer)
+        prepare_thl(ctx, system, self.receivers)
 
     def _group_rows(self, ctx, name: str, own, prompt_ids: list[str], peer) -> set[int] | None:
         """On a group of several ranks, the rows of this rank's shard that may be rescued: a prompt drawn

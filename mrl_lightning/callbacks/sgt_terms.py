@@ -60,6 +60,11 @@ class _DemoTerm(AuxiliaryLoss):
                                              c_mask.to(device), model=model)
         return self.loss_from_logprobs(policy, logp, c_mask.to(device), totals)
 
+    def pass_shape(self) -> tuple[int, int]:
+        """``(demos, longest prompt + longest completion)``: the padded rows of its pass."""
+        return len(self.demos), max((len(p) for p, _ in self.demos), default=0) + \
+            max((len(c) for _, c in self.demos), default=0)
+
     def loss_from_logprobs(self, policy, logp: torch.Tensor, completion_mask: torch.Tensor,
                            totals: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
         """The term's loss from the demos' ``[M, L]`` float32 log-probs (nats) under their ``[M, L]`` bool mask."""

@@ -90,11 +90,11 @@ temporary the size of the tensor."""
 
 def _squares(g: Tensor, dtype: torch.dtype) -> Tensor:
     """Sum of squares of ``g``'s entries (any float dtype) as a 0-d ``dtype`` tensor; no temporary the size of a
-    large ``g``."""
+    large ``g`` (a float64 one, a 64-true run's, in float32 chunks as before)."""
     if hasattr(g, "full_tensor") or g.numel() <= WHOLE_SUM_ELEMENTS or not g.is_contiguous() or g.is_sparse:
         return _whole(g.to(dtype).pow(2).sum())  # a sharded DTensor: summed over its mesh by _whole
     flat = g.view(-1)
-    if dtype != torch.float32:
+    if dtype != torch.float32 or g.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return torch.stack([chunk.to(dtype).pow(2).sum() for chunk in flat.split(NORM_CHUNK_ELEMENTS)]).sum()
     whole = flat.numel() // NORM_ROW * NORM_ROW
     rows = flat[:whole].view(-1, NORM_ROW)

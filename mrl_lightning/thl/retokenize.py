@@ -127,14 +127,23 @@ def _build_state(tokenizer: Any) -> _State:
     return _State(table, encoder, len(tokenizer))
 
 
-def prepare(tokenizer: Any) -> None:
+def prepare(tokenizer: Any, encoder: bool = True) -> None:
     """Build now what THL builds for ``tokenizer`` on its first use: its byte table and its completion encoder.
 
-    One-off and slow for a large vocabulary (Gemma 3's 262,144 ids: about 5 s on a CPU core, most of
-    it the tokenizer's JSON description written, parsed and read back): the probes call it in their
-    ``setup``, so the first step that retokenizes text does not pay it (docs/thl.md).
+    One-off and slow for a large vocabulary (Gemma 3's 262,144 ids: about 2 s for the byte table and
+    3 s more for the encoder on a CPU core, most of it the tokenizer's JSON description written,
+    parsed and read back): the probes call it in their ``setup``, so the first step that
+    retokenizes text does not pay it (docs/thl.md, "Cost").
+
+    Args:
+        tokenizer: A Hugging Face fast tokenizer.
+        encoder: Also the encoder of completions (a tokenizer text is retokenized into); False =
+            the byte table only (a tokenizer whose ids are mapped from, a producer's).
     """
-    _state(tokenizer)
+    if encoder:
+        _state(tokenizer)
+    elif getattr(tokenizer, _TABLE_ATTR, None) is None:
+        setattr(tokenizer, _TABLE_ATTR, build_byte_table(tokenizer, backend_spec(tokenizer)))
 
 
 def _state(tokenizer: Any) -> _State:
