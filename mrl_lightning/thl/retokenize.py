@@ -133,7 +133,7 @@ def prepare(tokenizer: Any, encoder: bool = True) -> None:
     One-off and slow for a large vocabulary (Gemma 3's 262,144 ids: about 2 s for the byte table and
     3 s more for the encoder on a CPU core, most of it the tokenizer's JSON description written,
     parsed and read back): the probes call it in their ``setup``, so the first step that
-    retokenizes text does not pay it (docs/thl.md, "Cost").
+    retokenizes text does not pay it (docs/thl.md, "Where THL is used").
 
     Args:
         tokenizer: A Hugging Face fast tokenizer.
