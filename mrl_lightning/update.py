@@ -172,10 +172,11 @@ def term_attention(fabric, terms: list):
 
     device = getattr(getattr(fabric, "device", None), "type", None)
     precision = getattr(getattr(fabric, "strategy", None), "precision", None)
-    shapes = [term.pass_shape() for term in terms]
-    short = bool(shapes) and all(shape is not None and shape[0] <= MATH_ATTENTION_ROWS
-                                 and shape[1] <= MATH_ATTENTION_TOKENS for shape in shapes)
-    if device == "cpu" and isinstance(precision, MixedPrecision) and short:
+    if device != "cpu" or not isinstance(precision, MixedPrecision) or not terms:
+        return contextlib.nullcontext()
+    shapes = [getattr(term, "pass_shape", lambda: None)() for term in terms]  # a term of another kind: unknown
+    if all(shape is not None and shape[0] <= MATH_ATTENTION_ROWS and shape[1] <= MATH_ATTENTION_TOKENS
+           for shape in shapes):
         return sdpa_kernel([SDPBackend.MATH])
     return contextlib.nullcontext()
 

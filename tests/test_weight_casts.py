@@ -158,7 +158,8 @@ def test_a_short_term_pass_takes_the_math_attention_kernel_on_a_cpu_under_mixed_
     short, long_rows, many = (2, 45), (2, MATH_ATTENTION_TOKENS + 1), (MATH_ATTENTION_ROWS + 1, 10)
     assert kernel(term_attention(fabric(True), [term(short)])) == math
     assert kernel(term_attention(fabric(False), [term(short)])) == own  # float32: torch's own
-    for terms in ([term(long_rows)], [term(many)], [term(short), term(None)], []):  # long, many, unknown, none
+    unknown = [term(short), term(None)], [term(short), types.SimpleNamespace()]  # no shape, or no pass_shape
+    for terms in ([term(long_rows)], [term(many)], *unknown, []):  # long, many, unknown, none
         assert kernel(term_attention(fabric(True), terms)) == own
 
 
