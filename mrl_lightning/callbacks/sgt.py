@@ -120,8 +120,12 @@ class SuccessGatedTransfer(MRLCallback):
         grad_share_floor: float | None = None,
     ) -> None:
         errors = []
-        if lambda_sgt < 0 or any(v < 0 for v in (lambda_per_policy or {}).values()):
-            errors.append(f"SuccessGatedTransfer.lambda_sgt must be >= 0; got {lambda_sgt}, {lambda_per_policy}.")
+        if lambda_sgt < 0:
+            errors.append(f"SuccessGatedTransfer.lambda_sgt={lambda_sgt} must be >= 0 (the transfer term's weight).")
+        negative = {k: v for k, v in (lambda_per_policy or {}).items() if v < 0}
+        if negative:
+            errors.append(f"SuccessGatedTransfer.lambda_per_policy {negative} must be >= 0 (each a transfer term's "
+                          "weight).")
         if not 0.0 <= kappa <= 1.0:
             errors.append(f"SuccessGatedTransfer.kappa={kappa} must be in [0, 1].")
         if max_transfers_per_prompt < 1:
@@ -146,8 +150,9 @@ class SuccessGatedTransfer(MRLCallback):
                           "bound is measured against and no share of the update is the transfer's alone "
                           "(docs/probes.md, \"Bound\"). Use transfer_mode: nll with a bound, or max_grad_share: null "
                           "in group mode.")
+        bad_share = max_grad_share is not None and not 0.0 < max_grad_share < 1.0  # said above, once
         try:
-            self.bound = ShareBound(max_grad_share, max_grad_share_final, max_grad_share_ramp_steps,
+            self.bound = None if bad_share else ShareBound(max_grad_share, max_grad_share_final, max_grad_share_ramp_steps,
                                     max_grad_share_low, adaptive_drop, adaptive_ema, adaptive_reference_steps)
         except ValueError as exc:
             errors.append(f"SuccessGatedTransfer bound options: {exc} (max_grad_share_final / _ramp_steps, "

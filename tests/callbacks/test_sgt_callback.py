@@ -260,3 +260,14 @@ def test_the_bound_state_after_a_resume_comes_from_the_rank_that_updates_its_rec
     again.load_state_dict({"rescued": {}, "solved_after_rescue": {},
                            "bound": {"a": {"level": None, "reference": None, "scale": 0.25, "measured_at": 100}}})
     assert again.bound_state == {"a": {"level": None, "reference": None}}
+
+
+def test_an_out_of_range_share_bound_is_said_once_and_a_negative_weight_names_only_itself():
+    from mrl_lightning.errors import ConfigError
+
+    with pytest.raises(ConfigError) as share:
+        SuccessGatedTransfer(max_grad_share=1.5)
+    assert str(share.value).count("max_grad_share=1.5") == 1 and "\n" not in str(share.value)
+    with pytest.raises(ConfigError) as weight:
+        SuccessGatedTransfer(lambda_per_policy={"a": -1.0, "b": 1.0})
+    assert "{'a': -1.0}" in str(weight.value) and "'b'" not in str(weight.value)
