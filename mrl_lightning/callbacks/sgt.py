@@ -132,7 +132,8 @@ class SuccessGatedTransfer(MRLCallback):
             errors.append(f"SuccessGatedTransfer.max_transfers_per_prompt={max_transfers_per_prompt} must be >= 1.")
         if max_staleness is not None and max_staleness < 0:
             errors.append(f"SuccessGatedTransfer.max_staleness={max_staleness} must be >= 0 or null.")
-        if max_grad_share is not None and not 0.0 < max_grad_share < 1.0:
+        bad_share = max_grad_share is not None and not 0.0 < max_grad_share < 1.0
+        if bad_share:  # said here once; the bound below is then not built
             errors.append(f"SuccessGatedTransfer.max_grad_share={max_grad_share} must be in (0, 1) (a share of "
                           "the update, e.g. 0.5) or null for no bound.")
         if grad_share_floor is not None and not grad_share_floor >= 0:
@@ -150,10 +151,10 @@ class SuccessGatedTransfer(MRLCallback):
                           "bound is measured against and no share of the update is the transfer's alone "
                           "(docs/probes.md, \"Bound\"). Use transfer_mode: nll with a bound, or max_grad_share: null "
                           "in group mode.")
-        bad_share = max_grad_share is not None and not 0.0 < max_grad_share < 1.0  # said above, once
         try:
-            self.bound = None if bad_share else ShareBound(max_grad_share, max_grad_share_final, max_grad_share_ramp_steps,
-                                    max_grad_share_low, adaptive_drop, adaptive_ema, adaptive_reference_steps)
+            self.bound = None if bad_share else ShareBound(
+                max_grad_share, max_grad_share_final, max_grad_share_ramp_steps, max_grad_share_low, adaptive_drop,
+                adaptive_ema, adaptive_reference_steps)
         except ValueError as exc:
             errors.append(f"SuccessGatedTransfer bound options: {exc} (max_grad_share_final / _ramp_steps, "
                           "max_grad_share_low, adaptive_*).")
