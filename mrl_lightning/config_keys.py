@@ -45,6 +45,12 @@ _CLASS_IMPORT = re.compile(r"Problem with given class_path '([\w.]+)':\s*\n\s*"
                            r"((?:module '[\w.]+' has no attribute|No module named) '[\w.]+')"
                            r"|Expected a dot import path string: (\w+)\s*$", re.M)
 _PARSER_KEY = re.compile(r'Parser key "([^"]+)"')
+_EXPECTED = re.compile(r"Expected a <class '(\w+)'>")
+_GIVEN = re.compile(r"(?:Got value|Given value): (.*)$", re.M)
+_TYPE_WORDS = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string",
+               "list": "a list ([a, b] on the command line; one '- ' item per line in a YAML file)",
+               "dict": "a mapping ({key: value})", "NoneType": "null"}
+"""What a value of each plain type jsonargparse names looks like, for :func:`_type_message`."""
 
 CLASS_FIELDS = {
     "trainer.callbacks": ("mrl_lightning.callbacks", "mrl_lightning.callbacks.base.MRLCallback"),
@@ -204,6 +210,30 @@ def _class_path_message(message: str) -> str | None:
     return class_path_line(kind or "the", class_path, reason, kind)
 
 
+def _type_message(message: str) -> str | None:
+    """jsonargparse's report of a value of the wrong plain type (``--seed_everything abc``, ``parts: 5``, at any
+    depth of ``class_path``/``init_args``) as one line naming the key as it is written, the value and what it
+    must be; None for any other report."""
+    keys = list(_PARSER_KEY.finditer(message))
+    if not keys:
+        return None
+    last = keys[-1]
+    indent = last.start() - (message.rfind("\n", 0, last.start()) + 1)
+    lines = []
+    for line in message[last.end():].splitlines()[1:]:  # the innermost key's report: lines indented below it
+        if line.strip() and len(line) - len(line.lstrip()) <= indent:
+            break
+        lines.append(line)
+    report = "\n".join(lines)
+    types = list(dict.fromkeys(_EXPECTED.findall(report)))
+    given = _GIVEN.search(report)
+    if not types or given is None or any(t not in _TYPE_WORDS for t in types):
+        return None
+    key = ".init_args.".join(m.group(1) for m in keys)  # each inner key sits in the init_args of the one before
+    return (f"{key}={given.group(1).strip()!r} must be {', or '.join(_TYPE_WORDS[t] for t in types)}; "
+            "`mrl fit --help` describes it.")
+
+
 def _option_keys(parser) -> list[str]:
     """Every dotted key (``trainer.max_steps``) of ``parser`` and of its subcommand parsers."""
     keys = []
@@ -356,7 +386,8 @@ class MRLArgumentParser(LightningArgumentParser):
         block that would bury them (status 2)."""
         if not self.exit_on_error:  # a nested parser's attempt, not the final report
             return super().error(message, ex)
-        one_line = _class_path_message(message)  # a class_path given on the command line (files: parse_args)
+        # a class_path given on the command line (files: parse_args), or a value of the wrong type
+        one_line = _class_path_message(message) or _type_message(message)
         if one_line is not None:
             message = one_line
         hints = [] if one_line else suggestions(message, self)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
 import shlex
+import time
 from pathlib import Path
+from typing import Callable
 
 from rich.console import Console
 from rich.progress import (
@@ -17,22 +20,32 @@ from rich.progress import (
 
 
 class RunProgress:
-    """A rich progress bar over training steps with the latest key numbers.
+    """The run's progress on stderr: a rich bar over training steps with the latest key numbers on a terminal;
+    in a pipe or a file (``| tee run.log``, a batch job's log), where a bar would show only at the end, one
+    plain line at most every ``line_every_s`` seconds and at the last step (docs/loop.md, "Progress").
 
     Args:
         total: ``max_steps``.
         start: Steps already done (after a resume).
         enabled: False disables all output.
+        line_every_s: Least seconds between two plain lines (not a terminal only).
+        console: Where it goes; None = stderr.
+        clock: Seconds, monotonic (tests pass their own).
     """
 
-    def __init__(self, total: int, start: int = 0, enabled: bool = True) -> None:
-        self.enabled = enabled
+    def __init__(self, total: int, start: int = 0, enabled: bool = True, line_every_s: float = 30.0,
+                 console: Console | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.enabled, self.total, self.start, self.line_every_s, self.clock = enabled, total, start, line_every_s, clock
+        self.console = console or Console(stderr=True)
+        self.lines = enabled and not self.console.is_terminal
         self.progress = Progress(
             TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(), TextColumn("<"),
-            TimeRemainingColumn(), TextColumn("{task.description}"), console=Console(stderr=True),
-            disable=not enabled,
+            TimeRemainingColumn(), TextColumn("{task.description}"), console=self.console,
+            disable=not enabled or self.lines,
         )
         self.task = self.progress.add_task("", total=total, completed=start)
+        self.started = self.last_line = clock()
+        self.printed = start  # the step of the last plain line
 
     def __enter__(self) -> RunProgress:
         self.progress.__enter__()
@@ -50,6 +63,19 @@ class RunProgress:
             if key.endswith("/success_weak"):
                 parts.append(f"{key.split('/')[1]} weak={value:.2f}")
         self.progress.update(self.task, completed=step, description=" ".join(parts))
+        now = self.clock()
+        if self.lines and step > self.printed and (now - self.last_line >= self.line_every_s or step >= self.total):
+            self.last_line, self.printed = now, step
+            self.console.print(self._line(step, now, " ".join(parts)), highlight=False, markup=False,
+                               soft_wrap=True)
+
+    def _line(self, step: int, now: float, numbers: str) -> str:
+        """``step 120/5000 (2%) 0:01:03 elapsed, 0:42:51 left | gpt2 r=0.45 ...``: the time left at this run's rate."""
+        elapsed = now - self.started
+        left = elapsed / (step - self.start) * (self.total - step)
+        clock = lambda seconds: str(datetime.timedelta(seconds=round(seconds)))  # noqa: E731
+        return (f"step {step}/{self.total} ({100 * step // max(self.total, 1)}%) {clock(elapsed)} elapsed, "
+                f"{clock(left)} left" + (f" | {numbers}" if numbers else ""))
 
 
 def interrupted_line(step: int, last_checkpoint: Path, checkpoint_every_n_steps: int,

@@ -38,8 +38,37 @@ def write_problem(path: str | os.PathLike) -> str | None:
             fh.write(b"\0")
     except OSError as exc:
         full = f" ({free_space_text(probe)})" if exc.errno == errno.ENOSPC else ""
+        virtual = file_system_type(probe) if exc.errno in (errno.ENOENT, errno.EACCES, errno.EPERM) else None
+        if virtual in VIRTUAL_FILE_SYSTEMS:  # the kernel's own files: "no such file" would name the wrong cause
+            return (f"{str(probe)!r} is on a {virtual} file system, where the kernel's own files live: no file can be "
+                    "made there")
         return f"{(exc.strerror or type(exc).__name__).lower()} at {str(probe)!r}{full}"
     return None
+
+
+VIRTUAL_FILE_SYSTEMS = frozenset({"proc", "sysfs", "devpts", "cgroup", "cgroup2", "debugfs", "securityfs",
+                                  "configfs", "tracefs", "pstore", "bpf", "mqueue", "fusectl"})
+"""File system types (``/proc/self/mounts``) whose folders show the kernel's state and take no new files."""
+
+
+def file_system_type(path: str | os.PathLike, mounts: str = "/proc/self/mounts") -> str | None:
+    """The type (``ext4``, ``proc``, ``tmpfs``) of the mount holding ``path`` (the deepest mount point above it);
+    None where ``mounts`` (the kernel's table of mounts) cannot be read (not Linux)."""
+    target = os.path.realpath(path)
+    best, kind = "", None
+    try:
+        with open(mounts, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = fields[1].replace("\\040", " ")
+                inside = target == point or target.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):  # the deepest mount point; the last mounted on ties
+                    best, kind = point, fields[2]
+    except OSError:
+        return None
+    return kind
 
 
 def disk_full_in(exc: BaseException | None) -> OSError | None:

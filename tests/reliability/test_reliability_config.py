@@ -141,6 +141,27 @@ def test_an_argument_the_class_does_not_take_is_one_line_before_the_parse(write_
     assert not (config.parent / "runs").exists()
 
 
+@pytest.mark.parametrize("argv,expected", [
+    (["--seed_everything", "abc"], "seed_everything='abc' must be true or false, or an integer"),
+    (["--data.init_args.parts", "5"], "data.init_args.parts='5' must be a list ([a, b] on the command line; "
+                                      "one '- ' item per line in a YAML file)"),
+    (["--data.init_args.batch_size", "2.5"], "data.init_args.batch_size='2.5' must be an integer"),
+    (["--trainer.enable_progress_bar", "maybe"], "trainer.enable_progress_bar='maybe' must be true or false"),
+], ids=["union", "nested-list", "nested-int", "bool"])
+def test_a_value_of_the_wrong_type_is_one_line_naming_the_key_as_written(write_tiny_config, no_model_build, capsys,
+                                                                         argv, expected):
+    err = _fit_error(capsys, "--config", str(write_tiny_config()), *argv)
+    assert _one_error_line(err) == f"error: {expected}; `mrl fit --help` describes it."
+
+
+def test_a_wrong_type_in_a_config_file_is_the_same_one_line(tmp_path, write_tiny_config, no_model_build, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data:\n  init_args:\n    parts: 5\n")
+    err = _fit_error(capsys, "--config", str(write_tiny_config()), "--config", str(bad))
+    assert _one_error_line(err).startswith("error: data.init_args.parts='5' must be a list")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_config_file_that_is_not_utf8_is_named_with_the_byte_and_the_fix(tmp_path, write_tiny_config, no_model_build,
                                                                          capsys):
     latin1 = tmp_path / "latin1.yaml"

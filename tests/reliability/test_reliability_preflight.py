@@ -21,6 +21,7 @@ import torch
 from mrl_lightning.checkpoint import CheckpointError, check_compatible, load_checkpoint
 from mrl_lightning.cli import main
 from mrl_lightning.preflight import accelerator_errors, trainer_errors
+from mrl_lightning.writable import file_system_type
 
 from e2e_configs import forbid_model_build  # tests/e2e, on sys.path through this folder's conftest
 
@@ -61,6 +62,25 @@ def test_run_folder_that_cannot_be_written_is_refused_before_any_build(write_tin
     err = _refused(capsys, "--config", str(write_tiny_config()), "--trainer.default_root_dir", str(root))
     assert f"trainer.default_root_dir={str(root)!r} cannot be written ({str(blocker)!r} is a file, not a folder)" in err
     assert "--trainer.default_root_dir <folder>" in err
+
+
+@pytest.mark.skipif(file_system_type("/proc") != "proc", reason="no proc file system mounted at /proc")
+def test_a_run_folder_under_proc_names_the_file_system_not_a_missing_file(write_tiny_config, no_model_build,
+                                                                           capsys):
+    err = _refused(capsys, "--config", str(write_tiny_config()), "--trainer.default_root_dir", "/proc/mrl_runs")
+    assert ("trainer.default_root_dir='/proc/mrl_runs' cannot be written ('/proc' is on a proc file system, where "
+            "the kernel's own files live: no file can be made there)") in err
+    assert "no such file" not in err
+
+
+def test_the_mount_holding_a_path_is_the_deepest_one_above_it(tmp_path):
+    mounts = tmp_path / "mounts"
+    mounts.write_text("/dev/sda1 / ext4 rw 0 0\nproc /proc proc rw 0 0\nsysfs /sys sysfs rw 0 0\n"
+                      "/dev/sdb1 /mnt/my\\040disk xfs rw 0 0\ntmpfs /mnt/my\\040disk/tmp tmpfs rw 0 0\n")
+    where = {"/proc/x/y": "proc", "/processes": "ext4", "/sys": "sysfs", "/mnt/my disk/a": "xfs",
+             "/mnt/my disk/tmp/b": "tmpfs", "/mnt/my": "ext4"}
+    assert {path: file_system_type(path, str(mounts)) for path in where} == where
+    assert file_system_type("/x", str(tmp_path / "no_such_table")) is None
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
