@@ -37,7 +37,7 @@ class RunProgress:
                  console: Console | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.enabled, self.total, self.start, self.line_every_s, self.clock = enabled, total, start, line_every_s, clock
         self.console = console or Console(stderr=True)
-        self.lines = enabled and not self.console.is_terminal
+        self.lines = enabled and not (self.console.is_terminal or self.console.is_jupyter)  # a notebook: its widget
         self.progress = Progress(
             TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(), TextColumn("<"),
             TimeRemainingColumn(), TextColumn("{task.description}"), console=self.console,
