@@ -2,6 +2,8 @@
 
     python benchmarks/sgt_aux.py --policy gemma --demos 3 --prompt-tokens 20 --completion-tokens 15
     python benchmarks/sgt_aux.py --policy smollm2 --precision bf16-mixed --rounds 5
+    python benchmarks/sgt_aux.py --policy smollm2 --precision bf16-mixed --demos 2 --prompt-tokens 45 \
+        --completion-tokens 15 --compare-rows 16      # a demo token against a GRPO row's token
 
 Builds the policy of ``configs/real_small.yaml`` (``pypi:`` models: the ``real`` extra and SmolLM2's
 package, docs/real_models.md), puts a random float32 "GRPO gradient" in every ``.grad``, and times
@@ -44,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grpo-rows", type=int, default=16,
                         help="rows of a GRPO-like pass run before each timed call inside the same shared_casts "
                              "context, as the update runs them (0: none, the call casts every weight itself)")
+    parser.add_argument("--compare-rows", type=int, default=0,
+                        help="then time a GRPO-like forward and backward over this many rows of the demos' length, "
+                             "and print both per token (0: not)")
     parser.add_argument("--materialize", action="store_true",
                         help="take the tied head's gradient whole, as a group of several ranks does (default: as "
                              "one rank does, its factors, mrl_lightning/head_factors.py)")
@@ -111,6 +116,26 @@ def main(argv: list[str] | None = None) -> int:
           f"({args.prompt_tokens} + {args.completion_tokens}) tokens: {statistics.median(seconds):.3f} s a call "
           f"(median of {args.rounds}, least {min(seconds):.3f}: {', '.join(f'{s:.3f}' for s in seconds)}); "
           f"share {metrics['sgt/grad_share']:.3f}", flush=True)
+    if args.compare_rows:
+        per_token = statistics.median(seconds) / (args.demos * (args.prompt_tokens + args.completion_tokens))
+        p_ids = torch.randint(100, 5000, (args.compare_rows, args.prompt_tokens), generator=g)
+        c_ids = torch.randint(100, 5000, (args.compare_rows, args.completion_tokens), generator=g)
+        rows_s = []
+        for _ in range(args.rounds + 1):  # the first one warms the shapes up
+            with shared_casts("cpu"):
+                t0 = time.perf_counter()
+                with fabric.autocast():
+                    logp, _ = policy.completion_logprobs(p_ids, torch.ones_like(p_ids, dtype=torch.bool), c_ids,
+                                                         torch.ones_like(c_ids, dtype=torch.bool), model=model)
+                fabric.backward(logp.mean())
+                rows_s.append(time.perf_counter() - t0)
+            for p, g0 in zip(params, start):
+                p.grad = g0.clone()
+        rows_median = statistics.median(rows_s[1:])
+        tokens = args.compare_rows * (args.prompt_tokens + args.completion_tokens)
+        print(f"GRPO-like forward and backward, {args.compare_rows} rows x {args.prompt_tokens + args.completion_tokens}"
+              f" tokens: {rows_median:.3f} s ({1e3 * rows_median / tokens:.2f} ms a token); the term's call: "
+              f"{1e3 * per_token:.2f} ms a demo token, its norms, bound and sum included", flush=True)
     with shared_casts("cpu"):
         grpo_pass()
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof, term_attention(fabric, [term]):
