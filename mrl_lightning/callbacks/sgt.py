@@ -267,6 +267,8 @@ class SuccessGatedTransfer(MRLCallback):
         if traces:
             batch.metrics.update(residual_metrics(traces, prefix=f"thl/sgt/{name}/"))
         weight = self.lambda_per_policy.get(name, self.lambda_sgt)
+        # rescued: the rows a demo reached (one that retokenized, with a weight above 0), not every row chosen
+        rescued_rows = set(demo_rows) if weight > 0 else set()
         bound = self._step_bound(ctx, policy, batch, tag)  # every step: the adaptive bound tracks the strong part
         if demos and weight > 0 and self.transfer_mode == "group":
             # A demo joins a group of own samples scored by the combined reward of every reward
@@ -282,11 +284,11 @@ class SuccessGatedTransfer(MRLCallback):
                                                      policy.tokenizer.pad_token_id, self.grad_share_floor))
         batch.counts["sgt_demos"] = float(len(demos) if weight > 0 else 0)
         batch.metrics.update({
-            f"{tag}/rescue_set_size": Sum(len(chosen)), f"{tag}/transfers": Sum(len(demos)),
+            f"{tag}/rescue_set_size": Sum(len(rescued_rows)), f"{tag}/transfers": Sum(batch.counts["sgt_demos"]),
             f"{tag}/retokenize_failures": Sum(failures),
         })
-        self._note(ctx, name, seen_now, solved_now, {items[b].prompt_id for b in chosen})
-        note_rescue_control(ctx, self.ledger, policy, batch, set(chosen), tag, "rescued")
+        self._note(ctx, name, seen_now, solved_now, {items[b].prompt_id for b in rescued_rows})
+        note_rescue_control(ctx, self.ledger, policy, batch, rescued_rows, tag, "rescued")
         if seen:
             batch.metrics[f"{tag}/rescued_later_solved_share"] = Mean(len(solved & seen) / len(seen), len(seen))
 

@@ -32,11 +32,12 @@ def _success(pid: str, step: int, text: str = " 46", source: str = "peer") -> Su
                          verifier="rg_exact", verifier_version="test")
 
 
-def _compose(probe, exchange, tokenizer, step: int, own: dict[str, bool]) -> dict[str, float]:
-    """One on_compose_batch for receiver "me" at ``step``; ``own[pid]`` = it solved pid itself."""
+def _compose(probe, exchange, tokenizer, step: int, own: dict[str, bool],
+             strong_parts: list[str] | None = None) -> dict[str, float]:
+    """One on_compose_batch for receiver "me" at ``step``; ``own[pid]`` = it solved pid itself (its part: add)."""
     trainer = SimpleNamespace(exchange=exchange, rollout_step=step)
     policy = SimpleNamespace(policy_name="me", tokenizer=tokenizer, max_prompt_length=64,
-                             end_of_turn_id=tokenizer.eos_token_id)
+                             end_of_turn_id=tokenizer.eos_token_id, strong_parts=strong_parts)
     items = [PromptItem(pid, "q", "a", "add", {}) for pid in own]
     success = torch.tensor([[solved, False] for solved in own.values()])
     prompt = "12 + 34?\nAnswer:"
@@ -88,6 +89,37 @@ def test_later_solved_share_counts_only_rescued_prompts_seen_again(tokenizer):
     state = {k: v for k, v in _ids(probe.state_dict()).items() if k not in ("ledger", "bound")}
     assert state == {"rescued": {"me": ["A", "B", "C"]}, "seen_after_rescue": {"me": ["A", "B"]},
                      "solved_after_rescue": {"me": ["A"]}}
+
+
+def test_a_prompt_no_demo_reached_is_not_rescued(tokenizer, monkeypatch):
+    # A's only peer success fails THL's round trip: nothing is trained on, so A is not rescued, and
+    # when A is solved later it counts among the prompts not rescued. B's success retokenizes.
+    import dataclasses
+
+    import mrl_lightning.callbacks.sgt as sgt_callback
+
+    real = sgt_callback.retokenize
+    monkeypatch.setattr(sgt_callback, "retokenize", lambda *a, **k: dataclasses.replace(
+        real(*a, **k), round_trip_ok=False) if a[2] == " 4" else real(*a, **k))
+    exchange = ExperienceExchange()
+    exchange.publish([_success("A", 1, " 4"), _success("B", 1)])
+    probe = SuccessGatedTransfer()
+    m1 = _compose(probe, exchange, tokenizer, 1, {"A": False, "B": False}, strong_parts=["sub"])
+    assert (m1["probe/sgt/me/retokenize_failures"], m1["probe/sgt/me/transfers"],
+            m1["probe/sgt/me/rescue_set_size"]) == (1.0, 1.0, 1.0)
+    assert probe.rescued["me"] == {"B"} and probe.ledger.marked["me"] == {"B"}
+    m2 = _compose(probe, exchange, tokenizer, 2, {"A": True}, strong_parts=["sub"])
+    assert float(m2["probe/sgt/me/later_solved_share_not_rescued"]) == 1.0
+    assert SHARE not in m2
+
+
+def test_a_receiver_of_weight_0_gets_no_transfer_and_no_rescue(tokenizer):
+    exchange = ExperienceExchange()
+    exchange.publish([_success("B", 1)])
+    probe = SuccessGatedTransfer(lambda_per_policy={"me": 0.0})
+    metrics = _compose(probe, exchange, tokenizer, 1, {"B": False})
+    assert (metrics["probe/sgt/me/transfers"], metrics["probe/sgt/me/rescue_set_size"]) == (0.0, 0.0)
+    assert probe.rescued["me"] == set()
 
 
 def _ids(state):
