@@ -21,7 +21,9 @@ floor (every group's rewards tied, the regime rescue is for) still lets the term
 policy by up to ``b / (1 - b) * f``, and its share of the applied update is then above
 ``b`` (logged as it is). The gradient the optimizer sees is ``g_0 + sum_k s_k g_k``, and
 every share logged is computed from those scaled parts, so it is the share of the update
-actually applied (clipping scales both parts alike and leaves it unchanged). Each term is
+actually applied (clipping scales both parts alike and leaves it unchanged). A NaN or inf in
+either gradient is not bounded away: the term is added whole (shares logged NaN), and the
+update's non-finite check skips the step (``mrl_lightning/numerics.py``). Each term is
 measured against the GRPO gradient alone, so the bounds of several terms do not interact.
 
 Under data parallelism every gradient here is the group's: the caller reduces ``g_0`` over
@@ -35,6 +37,7 @@ over the whole mesh (:func:`_norm`).
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Callable
 
 import torch
@@ -150,7 +153,9 @@ def share_scale(main_norm: float, term_norm: float, max_share: float | None,
     Returns:
         The unbounded share ``||g_k|| / (||g_0|| + ||g_k||)`` (0 when both norms are 0) and the
         factor ``s_k`` in [0, 1] the term's gradient is multiplied by (1 when within the bound,
-        ``b / (1 - b) * max(||g_0||, f) / ||g_k||`` otherwise).
+        ``b / (1 - b) * max(||g_0||, f) / ||g_k||`` otherwise). A NaN or inf norm gives ``(nan, 1)``:
+        such a gradient is not scaled to 0 and dropped unseen, it reaches the update's non-finite
+        check, which skips the step and counts it (``mrl_lightning/numerics.py``).
 
     Raises:
         ValueError: ``max_share`` not in (0, 1), a negative norm or a negative floor.
@@ -162,6 +167,8 @@ def share_scale(main_norm: float, term_norm: float, max_share: float | None,
         raise ValueError(f"gradient norms must be >= 0; got {main_norm} and {term_norm}.")
     if floor is not None and not floor >= 0:
         raise ValueError(f"grad_share_floor={floor!r} must be >= 0 (a gradient norm) or None for none.")
+    if not (math.isfinite(main_norm) and math.isfinite(term_norm)):  # NaN or inf: left whole for the update's check
+        return float("nan"), 1.0
     total = main_norm + term_norm
     share = term_norm / total if total > 0 else 0.0
     reference = max(main_norm, floor or 0.0)
@@ -259,7 +266,7 @@ def backward_aux_losses(aux_losses: list, policy, model, backward: Callable[[Ten
             norm = (rest * rest + factors.norm_sq(grads[at])) ** 0.5
         raw, scale = share_scale(main_norm, norm, bound, floor)
         bounded = scale * norm
-        share = bounded / (main_norm + bounded) if bounded > 0 else 0.0
+        share = bounded / (main_norm + bounded) if bounded > 0 else (0.0 if bounded == 0 else float("nan"))
         prefix = tag(name)
         metrics.update({f"{prefix}/grad_share": share, f"{prefix}/grad_share_max": Max(share),
                         f"{prefix}/grad_share_raw": raw, f"{prefix}/grad_norm": norm,

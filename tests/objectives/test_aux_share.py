@@ -139,6 +139,26 @@ def test_a_huge_but_finite_transfer_gradient_is_bounded_not_dropped():
     assert w.grad.tolist() == pytest.approx([3.0 + 5.0, 4.0])
 
 
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")], ids=["inf", "nan"])
+def test_a_non_finite_transfer_gradient_is_not_bounded_away_but_skips_the_update(bad):
+    """A bound would scale an inf term by b/(1-b) r/inf = 0 and drop it unseen: it is added whole instead,
+    its shares logged NaN, and the update's non-finite check skips the step."""
+    from types import SimpleNamespace
+
+    from mrl_lightning.numerics import skip_nonfinite_update
+
+    w = torch.nn.Parameter(torch.tensor([1.0, 1.0]))
+    w.grad = torch.tensor([3.0, 4.0])
+    term = _Term("sgt", lambda p: bad * p[0], max_grad_share=0.3)
+    metrics = backward_aux_losses([term], None, w, lambda loss: loss.backward(), [w], tag=lambda n: n)
+    assert metrics["sgt/grad_scale"] == 1.0
+    assert math.isnan(metrics["sgt/grad_share"]) and math.isnan(metrics["sgt/grad_share_raw"])
+    assert not bool(torch.isfinite(w.grad).all())
+    policy = SimpleNamespace(policy_name="p")
+    with pytest.warns(UserWarning):
+        assert skip_nonfinite_update(policy, [w]) and policy.nonfinite_updates_skipped == 1
+
+
 def test_the_bounded_term_is_added_in_place_with_the_rounding_of_g0_plus_scale_times_gk():
     torch.manual_seed(0)
     lin = torch.nn.Linear(300, 200)
