@@ -240,13 +240,20 @@ def policy_override_notes(argv: list[str]) -> list[str]:
     events = _read_argv(argv)
     if events is None:
         return []
-    names, notes = None, []
+    from mrl_lightning.config_keys import init_arg_names
+
+    names, notes, last_class = None, [], None
     for key, value in events:
         if key == "config" and isinstance(value.get("model"), dict) and "policies" in value["model"]:
             entries = value["model"]["policies"]
             names = ([(e.get("init_args") or {}).get("name") for e in entries if isinstance(e, dict)]
                      if isinstance(entries, list) else None)
+            last_class = entries[-1].get("class_path") if isinstance(entries, list) and entries \
+                and isinstance(entries[-1], dict) else None
         elif key.startswith(_OVERRIDE) and names and len(names) > 1:
+            valid = init_arg_names(last_class or "mrl_lightning.policy.PolicyModule")
+            if valid and key[len(_OVERRIDE):].split(".")[0] not in valid:
+                continue  # a key the class does not take: the parser's error says so, a note would mislead
             notes.append(f"note: --{key} applies to the last policy of the list only ({names[-1]!r}; "
                          f"the others, {names[:-1]}, keep their value). To change another policy, or every "
                          "one, copy the config and edit its policies.")
