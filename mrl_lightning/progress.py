@@ -92,7 +92,9 @@ def interrupted_line(step: int, last_checkpoint: Path, checkpoint_every_n_steps:
     every = f"trainer.checkpoint_every_n_steps: {checkpoint_every_n_steps}"
     hint = (f"resume with --ckpt_path {shlex.quote(str(last_checkpoint))} (the newest checkpoint; the steps after "
             f"it are run again, as often as {every} says)" if last_checkpoint.exists()
-            else f"no checkpoint was written yet ({every}; lower it to lose fewer steps)")
+            else f"no checkpoint was written yet ({every}; lower it to lose fewer steps)"
+            + (f"; {shlex.quote(str(last_checkpoint.parent.parent))} holds only this run's config and logs (delete "
+               "it, or keep it to read them)" if last_checkpoint.parent.parent.is_dir() else ""))
     where = {"build": f"while the models were built (a recipe's warm-start included), before step {step + 1}",
              "eval": f"during the evaluation at step {step}",
              "checkpoint": f"while the checkpoint of step {step} was written (the previous one is intact)",

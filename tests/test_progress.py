@@ -57,3 +57,15 @@ def test_disabled_prints_nothing_anywhere():
         with RunProgress(3, 0, enabled=False, console=console, clock=Clock()) as progress:
             progress.update(3, {"rollout/gpt2/reward_mean": 1.0}, {})
         assert console.file.getvalue() == ""
+
+
+def test_ctrl_c_before_the_first_checkpoint_names_the_run_folder_it_leaves(tmp_path):
+    from mrl_lightning.progress import interrupted_line
+
+    run = tmp_path / "version_0"
+    run.mkdir()
+    line = interrupted_line(19, run / "checkpoints" / "last.ckpt", 20, "update")
+    assert line.endswith(f"no checkpoint was written yet (trainer.checkpoint_every_n_steps: 20; lower it to lose "
+                         f"fewer steps); {run} holds only this run's config and logs (delete it, or keep it to read "
+                         "them).")
+    assert "holds only" not in interrupted_line(0, tmp_path / "absent" / "checkpoints" / "last.ckpt", 20, "build")
