@@ -1,0 +1,97 @@
+"""Where a jsonargparse error is about, in a user's words (docs/reliability.md, "Configuration").
+
+jsonargparse reports a value of the wrong type as a nested union report of ten lines, and an
+error about a key without the ``--config`` file it came from. :func:`type_message` turns the
+first into one line naming the key as a config writes it (``data.init_args.parts``), the value
+and what it must be; :func:`error_key` and :func:`config_file_setting` find the file.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+TOP_KEY = re.compile(r"does not accept option '([^']+)'")
+CLASS_KEY = re.compile(r"class_path '([\w.]+)':\s*\n\s*Option '([^']+)' is not accepted")
+PARSER_KEY = re.compile(r'Parser key "([^"]+)"')
+_EXPECTED = re.compile(r"Expected a <class '(\w+)'>")
+_GIVEN = re.compile(r"(?:Got value|Given value): (.*)$", re.M)
+_TYPE_WORDS = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string",
+               "list": "a list ([a, b] on the command line; one '- ' item per line in a YAML file)",
+               "dict": "a mapping ({key: value})", "NoneType": "null"}
+"""What a value of each plain type jsonargparse names looks like, for :func:`type_message`."""
+
+
+def type_message(message: str) -> tuple[str, str] | None:
+    """jsonargparse's report of a value of the wrong plain type (``--seed_everything abc``, ``parts: 5``, at any
+    depth of ``class_path``/``init_args``) as one line naming the key as it is written, the value and what it
+    must be, and that value as the report gives it; None for any other report."""
+    keys = list(PARSER_KEY.finditer(message))
+    if not keys:
+        return None
+    last = keys[-1]
+    indent = last.start() - (message.rfind("\n", 0, last.start()) + 1)
+    lines = []
+    for line in message[last.end():].splitlines()[1:]:  # the innermost key's report: lines indented below it
+        if line.strip() and len(line) - len(line.lstrip()) <= indent:
+            break
+        lines.append(line)
+    report = "\n".join(lines)
+    if "is not accepted" in message or re.search(r"<class '[\w]+\.[\w.]+'>", report):
+        return None  # an unknown key (suggestions), or a union with a class in it: not a plain value's type
+    types = list(dict.fromkeys(_EXPECTED.findall(report)))
+    given = _GIVEN.search(report)
+    if not types or given is None or any(t not in _TYPE_WORDS for t in types):
+        return None
+    key = ".init_args.".join(m.group(1) for m in keys)  # each inner key sits in the init_args of the one before
+    value = given.group(1).strip()
+    return (f"{key}={value!r} must be {', or '.join(_TYPE_WORDS[t] for t in types)}; `mrl fit --help` describes "
+            "it."), value
+
+
+def error_key(message: str) -> str | None:
+    """The dotted key a jsonargparse report is about, as a config file spells it (``data.init_args.parts``)."""
+    top = TOP_KEY.findall(message)
+    if len(top) == 1:
+        return top[0]
+    keys = PARSER_KEY.findall(message)
+    if not keys:
+        return None
+    inner = CLASS_KEY.findall(message)
+    return ".init_args.".join(keys + ([inner[0][1]] if len(inner) == 1 else []))
+
+
+def config_file_setting(key: str | None, args: list[str], value: str | None = None) -> str | None:
+    """The ``--config`` file in ``args`` a parser error about ``key`` (dotted; a list is searched entry by entry)
+    comes from, or None (the command line, or not known).
+
+    With ``value`` (the value the error names, as text), the last file whose value of ``key`` reads the same;
+    without, the last file that sets ``key``.
+    """
+    if not key:
+        return None
+    where = None
+    for i, arg in enumerate(args):
+        path = args[i + 1] if arg in ("--config", "-c") and i + 1 < len(args) else \
+            arg.split("=", 1)[1] if arg.startswith("--config=") else None
+        if path is None:
+            continue
+        try:
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        found = _values(data, key.split("."))
+        if found and (value is None or any(str(v) == value for v in found)):
+            where = path
+    return where
+
+
+def _values(node, parts: list[str]) -> list:
+    """The values the YAML ``node`` holds at the dotted key ``parts`` (any entry of a list along the way)."""
+    if not parts:
+        return [node]
+    if isinstance(node, list):
+        return [v for entry in node for v in _values(entry, parts)]
+    return _values(node[parts[0]], parts[1:]) if isinstance(node, dict) and parts[0] in node else []
