@@ -47,6 +47,7 @@ _UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
 _CLASS_IMPORT = re.compile(r"Problem with given class_path '([\w.]+)':\s*\n\s*"
                            r"((?:module '[\w.]+' has no attribute|No module named) '[\w.]+')"
                            r"|Expected a dot import path string: (\w+)\s*$", re.M)
+
 CLASS_FIELDS = {
     "trainer.callbacks": ("mrl_lightning.callbacks", "mrl_lightning.callbacks.base.MRLCallback"),
     "model.reward_funcs": ("mrl_lightning.rewards", "mrl_lightning.rewards.base.RewardFunction"),
