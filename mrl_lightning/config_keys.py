@@ -40,7 +40,7 @@ from lightning.pytorch.cli import LightningArgumentParser
 from mrl_lightning.config_reports import CLASS_KEY as _CLASS_KEY
 from mrl_lightning.config_reports import PARSER_KEY as _PARSER_KEY
 from mrl_lightning.config_reports import TOP_KEY as _TOP_KEY
-from mrl_lightning.config_reports import config_file_setting, error_key, type_message
+from mrl_lightning.config_reports import config_file_setting, config_paths, error_key, type_message
 
 _BARE_KEY = re.compile(r"^Option '([^']+)' is not accepted")
 _UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
@@ -280,14 +280,8 @@ def config_file_problems(args: list[str]) -> list[str]:
         a key its class does not take (:func:`unknown_argument_line`: removed, or the nearest valid
         keys). Missing files are left to the parser.
     """
-    paths = []
-    for i, arg in enumerate(args):
-        if arg in ("--config", "-c") and i + 1 < len(args):
-            paths.append(args[i + 1])
-        elif arg.startswith("--config="):
-            paths.append(arg.split("=", 1)[1])
     problems = []
-    for path in paths:
+    for path in config_paths(args):
         file = Path(path)
         if not file.is_file():
             continue

@@ -73,11 +73,7 @@ def config_file_setting(key: str | None, args: list[str], value: str | None = No
     if not key:
         return None
     where = None
-    for i, arg in enumerate(args):
-        path = args[i + 1] if arg in ("--config", "-c") and i + 1 < len(args) else \
-            arg.split("=", 1)[1] if arg.startswith("--config=") else None
-        if path is None:
-            continue
+    for path in config_paths(args):
         try:
             data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
@@ -86,6 +82,17 @@ def config_file_setting(key: str | None, args: list[str], value: str | None = No
         if found and (value is None or any(str(v) == value for v in found)):
             where = path
     return where
+
+
+def config_paths(args: list[str]) -> list[str]:
+    """The ``--config`` files named in ``args`` (``--config F``, ``-c F``, ``--config=F``), in order."""
+    paths = []
+    for i, arg in enumerate(args):
+        if arg in ("--config", "-c") and i + 1 < len(args):
+            paths.append(args[i + 1])
+        elif arg.startswith("--config="):
+            paths.append(arg.split("=", 1)[1])
+    return paths
 
 
 def _values(node, parts: list[str]) -> list:
