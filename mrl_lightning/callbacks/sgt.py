@@ -66,8 +66,8 @@ class SuccessGatedTransfer(MRLCallback):
             clipping); a larger share is scaled down to b for that step
             (:mod:`mrl_lightning.objectives.aux_share`). None = no bound. The share is logged
             either way as ``probe/sgt/<policy>/grad_share``.
-        max_grad_share_final: A schedule: the bound moves linearly from ``max_grad_share`` at
-            rollout step 0 to this at step ``max_grad_share_ramp_steps``; None = no schedule.
+        max_grad_share_final: A schedule: the bound moves linearly from ``max_grad_share`` at the
+            run's first step to this ``max_grad_share_ramp_steps`` steps later; None = no schedule.
         max_grad_share_ramp_steps: Steps of that ramp.
         max_grad_share_low: A receiver-adaptive bound: ``max_grad_share`` while the receiver's
             strong part holds (its own strong-part rollout success, averaged, against its best over
@@ -300,6 +300,10 @@ class SuccessGatedTransfer(MRLCallback):
         """
         name = policy.policy_name
         state = self.bound_state.setdefault(name, {"level": None, "reference": None})
+        # The loop counts this step's rollout phase before the compose (ctx.rollout_step is 1 at the
+        # first step); the bound counts steps from 0, so the first step gets max_grad_share and the
+        # reference is taken over exactly adaptive_reference_steps steps (docs/probes.md, "Moving bounds").
+        index = ctx.rollout_step - 1
         if self.bound.low is not None:
             strong = getattr(policy, "strong_parts", None) or []
             rows = [b for b, item in enumerate(batch.scored.items) if item.part in strong]
@@ -308,8 +312,8 @@ class SuccessGatedTransfer(MRLCallback):
             workers = getattr(ctx, "workers", None)
             if workers is not None and workers.group_size(name) > 1:
                 counts = workers.group_sum(name, counts)
-            self.bound.track(state, ctx.rollout_step, counts["successes"], counts["count"])
-        value = self.bound.step_bound(ctx.rollout_step, state["level"], state["reference"])
+            self.bound.track(state, index, counts["successes"], counts["count"])
+        value = self.bound.step_bound(index, state["level"], state["reference"])
         if value is not None:
             batch.metrics[f"{tag}/grad_share_bound"] = value
         return value

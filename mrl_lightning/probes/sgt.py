@@ -232,12 +232,13 @@ class ShareBound:
     """The step's bound on the transfer's share of the update (``max_grad_share``), fixed or moving (docs/probes.md).
 
     - fixed: ``start`` at every step;
-    - schedule (``final`` set): linear from ``start`` at rollout step 0 to ``final`` at step
-      ``ramp_steps``, ``final`` after;
+    - schedule (``final`` set): linear from ``start`` at step index 0 (the run's first training
+      step) to ``final`` at index ``ramp_steps``, ``final`` after;
     - receiver-adaptive (``low`` set): ``start`` while the receiver's strong part holds, down
       to ``low`` as it drops. Its level is the exponential moving average (rate ``ema``) of the
       success rate of its own completions on strong-part prompts; its reference is that
-      average's highest value over the first ``reference_steps`` steps. With ``ratio`` = level
+      average's highest value over the first ``reference_steps`` steps (indices 0 to
+      ``reference_steps - 1``). With ``ratio`` = level
       / reference: bound = ``start`` at ratio >= 1, ``low`` at ratio <= 1 - ``drop``, linear in
       between. Before any strong-part rollout (or without strong parts) the bound is ``start``.
 
@@ -273,7 +274,11 @@ class ShareBound:
         self.low, self.drop, self.ema, self.reference_steps = low, drop, ema, reference_steps
 
     def step_bound(self, step: int, level: float | None = None, reference: float | None = None) -> float | None:
-        """The bound at rollout ``step``, given the adaptive ``level`` and ``reference`` (None = not known yet)."""
+        """The bound at step index ``step``, given the adaptive ``level`` and ``reference`` (None = not known yet).
+
+        Step indices count training steps from 0: the loop's ``rollout_step`` minus 1, since the loop
+        counts a step's rollout phase before that step's compose (docs/probes.md, "Moving bounds").
+        """
         if self.start is None:
             return None
         if self.final is not None:
@@ -290,7 +295,7 @@ class ShareBound:
 
         Args:
             state: The receiver's ``{"level": float | None, "reference": float | None}``, changed in place.
-            step: The rollout step of these rollouts.
+            step: The step index of these rollouts (0 = the run's first training step).
             successes: Successful completions on strong-part prompts this step (all ranks).
             count: Completions on strong-part prompts this step (all ranks); 0 = nothing to add.
         """

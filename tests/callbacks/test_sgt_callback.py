@@ -303,3 +303,38 @@ def test_an_out_of_range_share_bound_is_said_once_and_a_negative_weight_names_on
     with pytest.raises(ConfigError) as weight:
         SuccessGatedTransfer(lambda_per_policy={"a": -1.0, "b": 1.0})
     assert "{'a': -1.0}" in str(weight.value) and "'b'" not in str(weight.value)
+
+
+def _bounds_as_the_loop_feeds_them(probe, tokenizer, strong_success: list[bool]) -> list[float]:
+    """The step's bound at each step of a run, the loop's way: ``rollout_step`` is 1 at the first compose
+    (the loop counts the rollout phase before composing); one strong-part prompt a step, solved or not."""
+    bounds = []
+    for step, solved in enumerate(strong_success, start=1):
+        metrics = _compose(probe, ExperienceExchange(), tokenizer, step, {f"add/{step}": solved}, strong_parts=["add"])
+        bounds.append(metrics["probe/sgt/me/grad_share_bound"])
+    return bounds
+
+
+def test_the_adaptive_reference_of_one_step_is_the_first_step_the_loop_runs(tokenizer):
+    # Strong part 1.0 at the first step (success 1 of the 2 completions: rate 0.5), then 0.0. With
+    # reference_steps 1 and ema 1, the reference is the first step's 0.5; the level then drops to 0:
+    # a 100% drop, past adaptive_drop, so the bound falls to the low bound from the second step on.
+    probe = SuccessGatedTransfer(max_grad_share=0.6, max_grad_share_low=0.2, adaptive_drop=0.1, adaptive_ema=1.0,
+                                 adaptive_reference_steps=1)
+    assert _bounds_as_the_loop_feeds_them(probe, tokenizer, [True, False, False, False]) == pytest.approx(
+        [0.6, 0.2, 0.2, 0.2])
+
+
+def test_the_adaptive_reference_spans_exactly_its_steps(tokenizer):
+    # Success rates 0.0, 0.5, 0.0, 0.0 with reference_steps 2: the reference is the best of the first two
+    # steps, 0.5 (taken over one step too few it would be 0.0, leaving the bound at the start forever).
+    probe = SuccessGatedTransfer(max_grad_share=0.6, max_grad_share_low=0.2, adaptive_drop=0.5, adaptive_ema=1.0,
+                                 adaptive_reference_steps=2)
+    bounds = _bounds_as_the_loop_feeds_them(probe, tokenizer, [False, True, False, False])
+    assert probe.bound_state["me"]["reference"] == pytest.approx(0.5)
+    assert bounds == pytest.approx([0.6, 0.6, 0.2, 0.2])
+
+
+def test_the_schedule_gives_its_start_at_the_first_step_and_its_final_after_ramp_steps(tokenizer):
+    probe = SuccessGatedTransfer(max_grad_share=0.3, max_grad_share_final=0.6, max_grad_share_ramp_steps=2)
+    assert _bounds_as_the_loop_feeds_them(probe, tokenizer, [False] * 4) == pytest.approx([0.3, 0.45, 0.6, 0.6])
