@@ -35,7 +35,7 @@ from mrl_lightning.dynamic_sampling import extra_samples, sample_until_full
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.lifeline import is_launched_worker
 from mrl_lightning.metrics import Global, Max, window_reduce
-from mrl_lightning.mwra import Workers, stream_seed
+from mrl_lightning.mwra import Workers, devices_present, resolve_devices, stream_seed
 from mrl_lightning.mwra.plan import slow_cpu_bf16_line
 from mrl_lightning.mwra.process import peak_memory_gib, release_free_memory
 from mrl_lightning.objectives.aux_share import term_names
@@ -143,6 +143,10 @@ class MRLTrainer:
                                 accelerator=accelerator)
         if errors:
             raise ConfigError("Invalid trainer config:\n  - " + "\n  - ".join(errors))
+        fit = resolve_devices(accelerator, devices, placement, strategy, devices_present(), num_nodes, policy_ranks)
+        if isinstance(fit, str):  # more GPUs asked than present, and the config's placement needs them
+            raise ConfigError(fit)
+        devices, placement, self.devices_note = fit.devices, fit.placement, fit.note  # docs/mwra.md, "One GPU"
         self.max_steps = max_steps
         self.callbacks: list[MRLCallback] = list(callbacks or [])
         self.log_every_n_steps, self.eval_every_n_steps = log_every_n_steps, eval_every_n_steps
@@ -240,7 +244,10 @@ class MRLTrainer:
             last_checkpoint=self.last_checkpoint_path)
 
     def _fit(self, model, datamodule, ckpt_path: str | None) -> None:
-        checked = check_before_build(self, model, datamodule, ckpt_path)
+        try:
+            checked = check_before_build(self, model, datamodule, ckpt_path)
+        except ConfigError as exc:  # say that the devices were lowered, if they were
+            raise (ConfigError(f"{exc}\n  ({self.devices_note})") if self.devices_note else exc) from exc.__cause__
         checkpoint = checked.checkpoint
         torch.set_num_threads(checked.threads)
         self.fabric.launch()
@@ -250,7 +257,7 @@ class MRLTrainer:
         self.workers = w = Workers(checked.placement, self.fabric.global_rank, self.collective_timeout_s)
         self.logger._version = w.broadcast_from_zero(self.logger.version, "run folder")
         self.ctx.workers, self.ctx.log_dir, self.ctx.is_global_zero = w, self.log_dir, self.is_global_zero
-        self.print("Resource plan (MWRA):\n" + checked.plan_text)
+        self.print("Resource plan (MWRA):\n" + (f"{self.devices_note}\n" if self.devices_note else "") + checked.plan_text)
         with w.phase("build"):
             self._modules = build_on_rank(model, datamodule, w, self.fabric, self.print_any_rank,
                                           resuming=checkpoint is not None)

@@ -8,13 +8,14 @@ watching one node's workers), ``workers`` (what this rank runs; collectives), ``
 (placement-independent sampling streams).
 """
 
-from mrl_lightning.mwra.placement import PLACEMENTS, Placement, build_placement, shard_indices
+from mrl_lightning.mwra.placement import (PLACEMENTS, DeviceSettings, Placement, build_placement, devices_present,
+                                          resolve_devices, shard_indices)
 from mrl_lightning.mwra.plan import PolicyPlacement, build_plan, format_plan, model_shape, validate_resources
 from mrl_lightning.mwra.rng import rng_state, sampling_rng, set_rng_state, stream_seed
 from mrl_lightning.mwra.workers import CollectiveError, WorkerError, Workers
 
 __all__ = [
-    "CollectiveError", "PLACEMENTS", "Placement", "PolicyPlacement", "WorkerError", "Workers", "build_placement",
-    "build_plan", "format_plan", "model_shape", "rng_state", "sampling_rng", "set_rng_state", "shard_indices",
-    "stream_seed", "validate_resources",
+    "CollectiveError", "DeviceSettings", "PLACEMENTS", "Placement", "PolicyPlacement", "WorkerError", "Workers",
+    "build_placement", "build_plan", "devices_present", "format_plan", "model_shape", "resolve_devices", "rng_state",
+    "sampling_rng", "set_rng_state", "shard_indices", "stream_seed", "validate_resources",
 ]

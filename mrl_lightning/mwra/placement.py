@@ -151,3 +151,85 @@ def shard_indices(num_items: int, index: int, size: int) -> list[int]:
     if not 0 <= index < size:
         raise ValueError(f"shard index {index} outside [0, {size}).")
     return list(range(index, num_items, size))
+
+
+@dataclass(frozen=True)
+class DeviceSettings:
+    """``trainer.devices`` and ``trainer.placement`` as a run will use them (:func:`resolve_devices`).
+
+    Attributes:
+        accelerator: ``trainer.accelerator`` as given (Fabric resolves "auto" the same way).
+        devices: Processes (devices) per node to start.
+        placement: ``trainer.placement`` to build (``"colocated"`` when lowered to one device from "auto").
+        strategy: ``trainer.strategy`` as given.
+        note: One line for the plan when ``devices`` was lowered (``""`` otherwise), e.g. "trainer.devices:
+            asked 2, found 1 cuda device, ran colocated on it".
+    """
+
+    accelerator: str
+    devices: int
+    placement: str
+    strategy: str
+    note: str = ""
+
+
+def resolve_devices(accelerator: str, devices: int, placement: str, strategy: str, present: dict[str, int],
+                    num_nodes: int = 1, policy_ranks: dict | None = None) -> DeviceSettings | str:
+    """What the run uses when ``trainer.devices`` asks for more GPUs than this node has: pure, no torch.
+
+    A config written for two CPU workers or for a node of 8 GPUs runs on a machine with one GPU: the
+    devices are lowered to those present and an ``auto`` placement becomes ``colocated`` on one device
+    (every policy on it, in turn). A placement that gives each policy devices of its own (``disjoint``,
+    or ``trainer.policy_ranks``) is the config's decision, so it is refused with the flag that lifts it.
+    Nothing changes on the CPU (devices are processes there; the plan checks them against the cores),
+    nor when the devices fit. Decision table: docs/mwra.md, "One GPU".
+
+    Args:
+        accelerator: ``trainer.accelerator``: "auto", "cpu", "cuda", "gpu", "mps", ...
+        devices: ``trainer.devices`` (an integer >= 1, already checked).
+        placement: ``trainer.placement``: "auto", "colocated" or "disjoint".
+        strategy: ``trainer.strategy``: "auto" or "ddp" (kept as given).
+        present: Devices this node has, by kind: ``{"cuda": n, "mps": 0 or 1}`` (:func:`devices_present`).
+        num_nodes: ``trainer.num_nodes``: with several nodes nothing is lowered (every node must agree).
+        policy_ranks: ``trainer.policy_ranks`` (a disjoint placement's sizes), or None.
+
+    Returns:
+        The :class:`DeviceSettings`, or one line naming the field and the flag to add when the run cannot
+        be fitted to this node.
+    """
+    name = str(accelerator).lower()
+    cuda, mps = int(present.get("cuda", 0)), int(present.get("mps", 0))
+    if name == "auto":  # Fabric's order: a CUDA GPU, else Apple's MPS, else the CPU
+        kind = "cuda" if cuda else "mps" if mps else "cpu"
+    elif name in ("cuda", "gpu"):
+        kind = "mps" if name == "gpu" and not cuda and mps else "cuda"
+    else:
+        kind = name
+    found = {"cuda": cuda, "mps": mps}.get(kind)
+    same = DeviceSettings(accelerator, devices, placement, strategy)
+    if found is None or devices <= found:  # the CPU (or another accelerator), or the devices fit
+        return same
+    if found == 0:
+        return (f"trainer.accelerator={accelerator!r} but no {kind} device is visible here; add "
+                "--trainer.accelerator cpu.")
+    where = f"trainer.devices={devices} but this node has {found} {kind} device(s)"
+    if num_nodes > 1:
+        return f"{where} (trainer.num_nodes={num_nodes}); add --trainer.devices {found} on every node."
+    if placement == "disjoint" or policy_ranks is not None:
+        own = f"trainer.policy_ranks={policy_ranks}" if policy_ranks is not None else "trainer.placement=disjoint"
+        flags = "--trainer.placement colocated" + (" --trainer.policy_ranks null" if policy_ranks is not None else "")
+        return (f"{where}, and {own} gives each policy devices of its own; add --trainer.devices {found} {flags} "
+                f"to run every policy on the {found} device(s) in turn.")
+    placement_now = "colocated" if found == 1 and placement == "auto" else placement
+    ran = "ran colocated" if found == 1 or placement_now == "colocated" else f"placement {placement_now}"
+    note = f"trainer.devices: asked {devices}, found {found} {kind} device(s), {ran}."
+    return DeviceSettings(accelerator, found, placement_now, strategy, note)
+
+
+def devices_present() -> dict[str, int]:
+    """The accelerators this node has, by kind, for :func:`resolve_devices` (reads torch; CUDA's count honours
+    ``CUDA_VISIBLE_DEVICES``)."""
+    import torch
+
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    return {"cuda": torch.cuda.device_count() if torch.cuda.is_available() else 0, "mps": int(bool(mps))}
