@@ -361,9 +361,13 @@ def loss_type_errors(p: str, policy) -> list[str]:
         errors.append(f"{p}: loss_type='cispo' caps the importance weight at epsilon_high={policy.epsilon_high} "
                       f"(null takes epsilon={policy.epsilon}), so even an on-policy token (weight 1) is capped to "
                       f"{cap}; set epsilon_high: 5.0 (ScaleRL's eps_max) or another value > 1.")
-    for key in ("sapo_temperature_pos", "sapo_temperature_neg", "vespo_lambda_pos", "vespo_lambda_neg"):
+    for key in ("sapo_temperature_pos", "sapo_temperature_neg"):
         if not getattr(policy, key) > 0:
             errors.append(f"{p}: {key}={getattr(policy, key)} must be > 0 (TRL's default: {OPTION_DEFAULTS[key]}).")
+    for key in ("vespo_lambda_pos", "vespo_lambda_neg"):  # below 1e-4 (0 too) floored at 1e-4, as TRL (docs/grpo.md)
+        if not getattr(policy, key) >= 0:
+            errors.append(f"{p}: {key}={getattr(policy, key)} must be >= 0 (values below 1e-4, 0 included, are floored "
+                          f"at 1e-4 as in TRL; TRL's default: {OPTION_DEFAULTS[key]}).")
     for key in ("vespo_k_pos", "vespo_k_neg"):
         if getattr(policy, key) < 0:
             errors.append(f"{p}: {key}={getattr(policy, key)} must be >= 0 (TRL's default: {OPTION_DEFAULTS[key]}).")

@@ -156,6 +156,8 @@ def test_the_importance_levels_each_loss_type_is_meant_for_are_accepted(folders,
     (dict(loss_type="dapo", delta=1.0), "delta=1.0 must be > 1"),
     (dict(loss_type="sapo", sapo_temperature_neg=0.0), "sapo_temperature_neg=0.0 must be > 0"),
     (dict(loss_type="vespo", vespo_k_pos=-1.0), "vespo_k_pos=-1.0 must be >= 0"),
+    (dict(loss_type="vespo", vespo_lambda_neg=-1.0), "vespo_lambda_neg=-1.0 must be >= 0 (values below 1e-4, 0 "
+                                                    "included, are floored at 1e-4"),
     (dict(loss_type="vespo", vllm_importance_sampling_mode="sequence_mask"), "as TRL refuses it"),
     (dict(importance_sampling_level="seq"), "importance_sampling_level='seq'; valid: ['token', 'sequence']"),
     (dict(top_entropy_quantile=1.2), "top_entropy_quantile=1.2 must be in [0, 1]"),
@@ -167,6 +169,13 @@ def test_an_option_the_loss_type_does_not_read_or_out_of_range_is_named_with_the
     with pytest.raises(ConfigError) as info:
         _make(folders, **options)
     assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("key", ["vespo_lambda_pos", "vespo_lambda_neg"])
+def test_a_vespo_lambda_of_zero_is_accepted_and_floored_as_trl_floors_it(folders, key):
+    """docs/grpo.md: VESPO's lambda is floored at 1e-4 (TRL clamps it and runs), so 0 is a valid setting;
+    its numbers against TRL's: tests/objectives/test_grpo_vs_trl.py."""
+    assert getattr(_make(folders, loss_type="vespo", **{key: 0.0}), key) == 0.0
 
 
 def test_filter_groups_with_fsdp_is_refused(folders):

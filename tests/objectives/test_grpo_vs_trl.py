@@ -209,6 +209,17 @@ def test_trl_knobs_give_trl_numbers(setup, loss_type, knob, split):
                 f"{loss_type}/{knob}/split={split}")
 
 
+@pytest.mark.parametrize("split", [1, 2])
+def test_a_vespo_lambda_of_zero_is_floored_at_1e4_as_trl_floors_it(setup, split):
+    """docs/grpo.md (VESPO): lambda 0 is accepted and floored at 1e-4, so phi(W) = exp(1e-4 + k log W - 1e-4 W),
+    TRL's numbers (TRL clamps lambda at 1e-4 and runs)."""
+    options = dict(vespo_lambda_pos=0.0, vespo_lambda_neg=0.0)
+    ours = our_loss(setup, "vespo", "token", 0.04, True, split, **options)
+    floored = our_loss(setup, "vespo", "token", 0.04, True, split, vespo_lambda_pos=1e-4, vespo_lambda_neg=1e-4)
+    assert ours[0] == floored[0] and all(torch.equal(a, b) for a, b in zip(ours[1], floored[1]))
+    assert_same(ours, trl_loss(setup, "vespo", "token", 0.04, True, split, **options), f"vespo/lambda=0/split={split}")
+
+
 def test_the_options_default_to_trl_grpo_config_defaults():
     for key, value in OPTION_DEFAULTS.items():
         assert TRL_DEFAULTS[key] == value, key
