@@ -198,6 +198,18 @@ def _load_manifest(path: Path) -> dict[str, Any]:
     return state
 
 
+def checkpoint_step(path: str | Path) -> int:
+    """The global step of the checkpoint at ``path``, read from its manifest alone (no part is read).
+
+    ``mrl fit`` asks it before anything else of a resume: a checkpoint at exactly
+    ``trainer.max_steps`` is a complete run (docs/loop.md, "Resuming: what the config may change").
+
+    Raises:
+        CheckpointError: ``path`` is missing, unreadable or not a checkpoint (as :func:`load_checkpoint`).
+    """
+    return int(_load_manifest(Path(path).expanduser())["counters"]["global_step"])
+
+
 def checkpoint_policies(state: dict[str, Any]) -> list[str]:
     """The policy names a checkpoint holds (its parts' from version 3, else its ``policies``), in its order."""
     return list(state["parts"]) if isinstance(state.get("parts"), dict) else list(state["policies"])
@@ -346,8 +358,9 @@ def check_compatible(state: dict[str, Any], policy_names: list[str], max_steps: 
 
     Raises:
         CheckpointError: policy names, data parts, a model's family, kind (full / LoRA adapter),
-            LoRA ``lora_alpha`` or parameter shapes differ, or ``max_steps`` is not above the
-            checkpoint's step (all differences at once).
+            LoRA ``lora_alpha`` or parameter shapes differ (all differences at once), or ``max_steps``
+            is below the checkpoint's step. At exactly its step nothing is refused: the run is complete
+            (:func:`checkpoint_step`; docs/loop.md, "Resuming: what the config may change").
     """
     made_with = "its run folder's config.yaml"
     if path is not None:
@@ -385,6 +398,7 @@ def check_compatible(state: dict[str, Any], policy_names: list[str], max_steps: 
                               + f"\nResume with the config the checkpoint was made with ({made_with}), or start "
                               "a new run without --ckpt_path.")
     step = int(state["counters"]["global_step"])
-    if max_steps <= step:
-        raise CheckpointError(f"trainer.max_steps={max_steps} is not above the checkpoint's step {step}; "
-                              f"set --trainer.max_steps to more than {step} to continue training.")
+    if max_steps < step:  # at exactly max_steps the run is complete: the trainer says so and trains nothing
+        raise CheckpointError(f"trainer.max_steps={max_steps} is below the checkpoint's step {step}; set "
+                              f"--trainer.max_steps to {step} (the run is complete there) or more to continue "
+                              "training from it.")

@@ -35,7 +35,7 @@ from typing import Any, Callable
 import torch
 
 from mrl_lightning.checkpoint import (FORMAT_VERSION, PART_FORMAT, CheckpointError, atomic_save, atomic_write,
-                                       load_policy_parts)
+                                       checkpoint_step, load_policy_parts)
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.mwra import rng_state, set_rng_state
 from mrl_lightning.mwra.sharding import full_state, is_sharded, load_full_state
@@ -61,6 +61,36 @@ def check_run_folder(log_dir: str, root_dir: str | None = None) -> None:
         field = f"trainer.default_root_dir={root_dir!r}" if root_dir is not None else f"the run folder {log_dir!r}"
         raise ConfigError(f"{field} cannot be written ({problem}); the run folder, its checkpoints and logs go "
                           "there. Give a folder you can write: --trainer.default_root_dir <folder>.")
+
+
+def complete_run_line(ckpt_path: str | None, max_steps: int) -> str | None:
+    """The line that says a resumed run has nothing to train, or None when it has.
+
+    A job killed after its last checkpoint and requeued (SLURM preemption) runs the same
+    command again, ``--ckpt_path`` at ``trainer.max_steps``: the run is complete, and ``mrl
+    fit`` says so and ends with status 0 before any model is built or run folder made, as
+    Lightning's ``fit`` stops at ``max_steps`` (docs/loop.md, "Resuming: what the config may
+    change"). Only the manifest is read.
+
+    Args:
+        ckpt_path: ``--ckpt_path``, or None (a new run: never complete).
+        max_steps: ``trainer.max_steps``.
+
+    Returns:
+        ``The run is complete: ckpt_path='...' is at step 48, which is trainer.max_steps; nothing
+        to train (...)`` when the checkpoint's step is ``max_steps``; None otherwise (a step
+        beyond ``max_steps`` is refused later, by :func:`~mrl_lightning.checkpoint.check_compatible`).
+
+    Raises:
+        CheckpointError: the manifest is missing or unreadable.
+    """
+    if not ckpt_path:
+        return None
+    step = checkpoint_step(ckpt_path)
+    if step != max_steps:
+        return None
+    return (f"The run is complete: ckpt_path={str(ckpt_path)!r} is at step {step}, which is trainer.max_steps; "
+            f"nothing to train (set --trainer.max_steps above {step} to train further).")
 
 
 def part_file(step: int, policy: str) -> str:

@@ -42,7 +42,8 @@ from mrl_lightning.objectives.aux_share import term_names
 from mrl_lightning.preflight import check_before_build, make_fabric, trainer_errors
 from mrl_lightning.progress import RunProgress, done_line, interrupted_line
 from mrl_lightning.reporting import eval_summary, evaluate_on_workers, rollout_metrics
-from mrl_lightning.run_checkpoint import restore_run_checkpoint, save_run_checkpoint, write_run_files
+from mrl_lightning.run_checkpoint import (complete_run_line, restore_run_checkpoint, save_run_checkpoint,
+                                          write_run_files)
 from mrl_lightning.run_stop import StopContext
 from mrl_lightning.update import mark_for_rescoring, new_train_batch, policy_update, sampling_precision
 
@@ -200,13 +201,15 @@ class MRLTrainer:
             model: The :class:`~mrl_lightning.system.MutualRL` system of policies.
             datamodule: The prompt data module.
             ckpt_path: A checkpoint to resume from, e.g. ``<run>/checkpoints/last.ckpt``: training
-                continues from its step up to ``trainer.max_steps`` (which must be above it),
-                exactly as an uninterrupted run would; None = start from step 0.
+                continues from its step up to ``trainer.max_steps``, exactly as an uninterrupted run
+                would; None = start from step 0. A checkpoint at exactly ``max_steps`` is a complete
+                run: one line says so and nothing is built or written (docs/loop.md, "Resuming: what
+                the config may change").
 
         Raises:
             ConfigError: configuration or resource-plan problems, found before any model is built
                 (:func:`mrl_lightning.preflight.check_before_build`).
-            CheckpointError: ``ckpt_path`` is missing, unreadable or from another config.
+            CheckpointError: ``ckpt_path`` is missing, unreadable, from another config or beyond ``max_steps``.
             WorkerError: a worker failed, or a collective failed or timed out (names the rank and phase).
             KeyboardInterrupt: Ctrl-C.
 
@@ -244,6 +247,10 @@ class MRLTrainer:
             last_checkpoint=self.last_checkpoint_path)
 
     def _fit(self, model, datamodule, ckpt_path: str | None) -> None:
+        complete = complete_run_line(ckpt_path, self.max_steps)
+        if complete is not None:  # a requeued job of a finished run: nothing built, no run folder made
+            self.print(complete)
+            return
         try:
             checked = check_before_build(self, model, datamodule, ckpt_path)
         except ConfigError as exc:  # say that the devices were lowered, if they were

@@ -130,3 +130,38 @@ def test_a_resume_with_another_lora_dropout_is_accepted(runs, lora_run):
     code, resumed = runs("lora_dropout", other_dropout, *_resume_of(lora_run))
     assert code == 0
     assert load_checkpoint(resumed / "checkpoints" / "last.ckpt")["counters"]["global_step"] == 2
+
+
+def test_a_finished_runs_command_run_again_says_the_run_is_complete_and_builds_nothing(runs, monkeypatch, capsys):
+    """A job requeued after its last checkpoint (SLURM preemption) runs the same command again: at exactly
+    ``max_steps`` there is nothing to train, as Lightning's ``fit`` says too; exit 0, no run folder made."""
+    code, first = runs("complete_a", lambda cfg: cfg["trainer"].update(max_steps=2))
+    assert code == 0
+    root = first.parent
+    before = sorted(p.name for p in root.iterdir())
+
+    def again(cfg):
+        cfg["trainer"].update(max_steps=2, version=None)  # the next free version_<n>, as a requeued job gets
+
+    forbid_model_build(monkeypatch)
+    capsys.readouterr()
+    code, _ = runs("complete_b", again, *_resume_of(first))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    last = first / "checkpoints" / "last.ckpt"
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert lines == [f"The run is complete: ckpt_path={str(last)!r} is at step 2, which is trainer.max_steps; "
+                     "nothing to train (set --trainer.max_steps above 2 to train further)."], out
+    assert sorted(p.name for p in root.iterdir()) == before  # no version_<n> folder, nothing written
+
+
+def test_a_checkpoint_beyond_max_steps_is_refused_naming_both_steps(runs, monkeypatch, capsys):
+    code, first = runs("beyond_a", lambda cfg: cfg["trainer"].update(max_steps=2))
+    assert code == 0
+    forbid_model_build(monkeypatch)
+    capsys.readouterr()
+    code, resumed = runs("beyond_b", None, *_resume_of(first))  # max_steps 1
+    err = capsys.readouterr().err
+    assert code == 2 and not resumed.exists()
+    assert ("trainer.max_steps=1 is below the checkpoint's step 2; set --trainer.max_steps to 2 (the run is "
+            "complete there) or more to continue training from it.") in err
