@@ -1,8 +1,9 @@
 """Scalars and text the loop logs (TensorBoard tags by prefix, units in the name).
 
 ``rollout/<policy>/...``: reward_mean, reward_std, success_rate (overall and
-``success_rate_<part>``), zero_std_group_share, completion_length_tokens,
-truncated_share. ``eval/<policy>/...``: greedy success on held-out prompts per part
+``success_rate_<part>``), zero_std_group_share (groups whose scored rewards carry no GRPO
+signal: :func:`~mrl_lightning.objectives.group_filter.groups_with_signal`, a NaN reward being
+"not scored", docs/reliability.md), completion_length_tokens, truncated_share. ``eval/<policy>/...``: greedy success on held-out prompts per part
 (``success_<part>``), and ``success_strong`` / ``success_weak`` averaged over the parts
 the policy started good / weak at; with k sampled completions per held-out prompt also
 ``mean_at_k_<part>`` and ``pass_at_k_<part>`` (:func:`pass_at_k`).
@@ -17,6 +18,7 @@ import torch
 from mrl_lightning.metrics import Mean, Moments
 from mrl_lightning.mwra.rng import sampling_rng, stream_seed
 from mrl_lightning.mwra.sharding import full_weights
+from mrl_lightning.objectives.group_filter import groups_with_signal
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -53,19 +55,23 @@ def rollout_metrics(scored, policy) -> dict[str, float]:
     Each says how it pools over the policy's ranks (:mod:`mrl_lightning.metrics`): rates are
     means weighted by their completions (or prompts), the reward std is recomputed from the
     pooled moments, so a group of ranks logs what one rank on the whole batch would.
+
+    ``zero_std_group_share`` is the share of the B groups (``rewards`` is ``[B, G]``) without a
+    GRPO signal: a NaN reward is "not scored" (docs/reliability.md) and is left out, so a group
+    has no signal when its scored rewards are all equal or fewer than two of them are scored,
+    the groups whose advantages are exactly 0 and that dynamic sampling drops (docs/grpo.md).
     """
     p = scored.policy
     rewards = scored.rewards
     valid = rewards[~torch.isnan(rewards)]
     r = scored.rollouts
     n, b = float(rewards.numel()), float(rewards.shape[0])
-    spread = rewards.nan_to_num(-1.0).max(1).values - rewards.nan_to_num(-1.0).min(1).values
     out = {
         f"rollout/{p}/reward_mean": Mean(float(valid.mean()) if valid.numel() else float("nan"), valid.numel()),
         f"rollout/{p}/reward_std": Moments.of(valid.double().tolist(),
                                               std=float(valid.std()) if valid.numel() > 1 else 0.0),
         f"rollout/{p}/success_rate": Mean(float(scored.success.float().mean()), n),
-        f"rollout/{p}/zero_std_group_share": Mean(float((spread == 0).float().mean()), b),
+        f"rollout/{p}/zero_std_group_share": Mean(float((~groups_with_signal(rewards)).float().mean()), b),
         f"rollout/{p}/completion_length_tokens": Mean(float(r.completion_mask.sum(1).float().mean()), n),
         f"rollout/{p}/truncated_share": Mean(float(r.truncated.float().mean()), n),
         f"rollout/{p}/nan_reward_share": Mean(float(torch.isnan(rewards).float().mean()), n),
