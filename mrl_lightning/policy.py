@@ -56,7 +56,7 @@ class PolicyModule(pl.LightningModule):
         max_prompt_length: Prompts are left-truncated to this many tokens.
         max_completion_length: L, max new tokens (TRL ``max_completion_length``).
         stop: Stop strings (vLLM ``SamplingParams.stop``, transformers ``stop_strings``): a completion
-            also ends at the token whose text completes one, e.g. ``["\n"]`` for a base model that
+            also ends at the token whose text completes one, e.g. ``["\\n"]`` for a base model that
             answers on one line; finish ``stop``, the text cut before the string, the tokens kept
             through that token (exactly as vLLM cuts; docs/rollout.md, "Stop strings"). None = none.
         include_stop_str_in_output: Keep the matched stop string in the completion's text (vLLM's option

@@ -108,3 +108,30 @@ def test_a_reference_is_cleaned_before_the_help_is_wrapped():
     text = parser.format_help()
     assert "PolicyGroupsStrategy" in text
     assert "~" not in text and "mrl_lightning.mwra" not in text and "`" not in text and ":class:" not in text
+
+
+def test_every_option_of_every_config_class_has_a_description_in_its_help():
+    """``mrl fit --model.policies.help PolicyModule`` printed no description for any option once: a ``"\\n"``
+    written unescaped in the class docstring put a line break at column 0 inside ``Args:``, and the
+    docstring parser (the source of jsonargparse's help texts) read no argument at all."""
+    from jsonargparse import ArgumentParser
+
+    from mrl_lightning.config_keys import valid_classes
+    from mrl_lightning.model_source import ModelRecipe  # noqa: F401 - the recipes' base, imported for its fields
+    from mrl_lightning.system import MutualRL
+    from mrl_lightning.trainer import MRLTrainer
+
+    classes = [MRLTrainer, MutualRL]
+    for path in valid_classes("every field"):
+        module, _, name = path.rpartition(".")
+        classes.append(getattr(__import__(module, fromlist=[name]), name))
+    empty = {}
+    for cls in classes:
+        parser = ArgumentParser(exit_on_error=False)
+        parser.add_class_arguments(cls, "x", fail_untyped=False, sub_configs=True)
+        missing = [a.dest for a in parser._actions if a.dest.startswith("x.") and not a.dest.endswith(".help")
+                   and a.dest.count(".") == 1 and not (a.help or "").strip()]
+        if missing:
+            empty[cls.__name__] = missing
+    assert "PolicyModule" in {c.__name__ for c in classes}
+    assert not empty, f"options without a description in --help: {empty}"
