@@ -28,6 +28,9 @@ holds the data position. Differences from that module:
   chosen by a permutation seeded by (seed, part). With it, the evaluation rows are the
   eval source's (``eval_size`` of them by the same permutation, or all when 0) and every
   training row stays in training.
+- Evaluation rows are distinct questions (exact text): a source that repeats a question
+  evaluates it once (the permutation skips the repeat; with ``eval_size: 0`` its first row
+  is kept), so intervals are over distinct questions (``eval_question_counts``).
 - In both cases a training row whose question text equals any evaluation question (of any
   part) is dropped, so evaluation stays held out even when a training set contains test
   questions; the count is warned about and kept in ``overlap_dropped``.
@@ -171,10 +174,26 @@ class MathDataModule(PromptDataModule):
                            {"row": index, "source": described, "fields": row, "metadata": {"part": part.name}})
                 for index, question, answer, row in rows]
 
-    def _held_out(self, part: MathPart, n: int) -> set[int]:
-        """Positions of the ``eval_size`` evaluation rows among ``n`` (a permutation seeded by (seed, part))."""
-        order = np.random.default_rng(seed_for(self.seed, part.name, "eval")).permutation(n)
-        return set(order[:part.eval_size].tolist())
+    def _held_out(self, part: MathPart, items: list[PromptItem], where: str) -> set[int]:
+        """Positions of the evaluation rows among ``items``: the first ``eval_size`` distinct questions
+        (exact text) in a permutation seeded by (seed, part); every distinct question when ``eval_size``
+        is 0. A source that repeats a question (same text in two rows) so never evaluates it twice.
+
+        Raises:
+            ConfigError: fewer distinct questions than ``eval_size``.
+        """
+        order = np.random.default_rng(seed_for(self.seed, part.name, "eval")).permutation(len(items))
+        if not part.eval_size:
+            order = range(len(items))
+        taken: dict[str, int] = {}
+        for i in order:
+            taken.setdefault(items[int(i)].question, int(i))
+            if len(taken) == part.eval_size:
+                break
+        if part.eval_size and len(taken) < part.eval_size:
+            raise ConfigError(f"{where}.eval_size={part.eval_size} but its evaluation rows hold only {len(taken)} "
+                              f"distinct questions (the source repeats some); lower eval_size.")
+        return set(taken.values())
 
     def setup(self, stage: str | None = None) -> None:
         """Load every part's sources and set its evaluation rows apart (idempotent).
@@ -193,7 +212,7 @@ class MathDataModule(PromptDataModule):
                 if part.eval_size >= len(items):
                     raise ConfigError(f"{where}.eval_size={part.eval_size} leaves no training row "
                                       f"({len(items)} usable rows); lower eval_size.")
-                held = self._held_out(part, len(items))
+                held = self._held_out(part, items, where) if part.eval_size else set()
                 eval_all[part.name] = [x for i, x in enumerate(items) if i in held]
                 train_all[part.name] = [x for i, x in enumerate(items) if i not in held]
                 continue
@@ -202,9 +221,8 @@ class MathDataModule(PromptDataModule):
                 raise ConfigError(f"{where}.eval_size={part.eval_size} but its eval_source has {len(evals)} usable "
                                   f"rows ({part.eval_source.describe()}); lower eval_size, or set it to 0 to "
                                   "evaluate on every row.")
-            if part.eval_size:
-                held = self._held_out(part, len(evals))
-                evals = [x for i, x in enumerate(evals) if i in held]
+            held = self._held_out(part, evals, where)
+            evals = [x for i, x in enumerate(evals) if i in held]
             eval_all[part.name], train_all[part.name] = evals, items
         questions = {x.question for xs in eval_all.values() for x in xs}
         self.overlap_dropped = {}
@@ -221,6 +239,7 @@ class MathDataModule(PromptDataModule):
             train_all[part.name] = kept
         self._eval, self._train = eval_all, train_all
         self.check_prompt_ids()
+        self.log_eval_questions()
 
     # ------------------------------------------------------------------ identity and resume
     def fingerprint(self) -> str:

@@ -8,8 +8,12 @@ matched across policies (docs/see.md). The data position is a counter per part p
 epoch number; each epoch's order is a permutation seeded by (seed, part, epoch), so
 ``state_dict`` / ``load_state_dict`` resume the exact same stream.
 
-Evaluation prompts come from a separate generator seed, and any training prompt whose
-question also appears in the evaluation set is dropped, so evaluation is held out.
+Evaluation is held out by question (docs/default.md, "Task"): each part's evaluation prompts
+come from a separate generator seed, are distinct by :func:`~mrl_lightning.data.question_keys.question_key`
+(commuted ``+`` / ``*`` operands are one question), and every training prompt whose key is an
+evaluation key is dropped. A part whose question space cannot hold its ``eval_size`` distinct
+questions, or whose training rows are mostly held out, is refused at setup. Success intervals
+are then over distinct questions (``eval_question_counts``).
 """
 
 from __future__ import annotations
@@ -19,8 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mrl_lightning.data.items import PromptItem
+from mrl_lightning.data.question_keys import question_key
 from mrl_lightning.data.stream import PromptDataModule, seed_for, stream_config_errors
 from mrl_lightning.errors import ConfigError
+
+EVAL_DRAWS_PER_QUESTION = 20  # generator draws allowed per distinct evaluation question asked for
+MAX_HELD_OUT_SHARE = 0.5  # refused above this share of a part's generated training rows held out
 
 
 @dataclass
@@ -32,12 +40,15 @@ class TaskPart:
         dataset: reasoning-gym dataset name (e.g. "basic_arithmetic").
         config: Keyword arguments for ``reasoning_gym.create_dataset`` (no seed/size).
         weight: Relative share of each batch.
+        eval_size: Distinct evaluation questions of this part; None = the module's ``eval_size``
+            (a small question space, e.g. 1-digit products, holds fewer).
     """
 
     name: str
     dataset: str
     config: dict[str, Any] = field(default_factory=dict)
     weight: float = 1.0
+    eval_size: int | None = None
 
 
 class ReasoningGymDataModule(PromptDataModule):
@@ -47,11 +58,12 @@ class ReasoningGymDataModule(PromptDataModule):
         parts: The task parts (at least one; names unique).
         batch_size: Prompts per step, B (>= number of parts).
         train_size: Generated training prompts per part.
-        eval_size: Held-out evaluation prompts per part.
+        eval_size: Distinct held-out evaluation questions per part (a part's own
+            ``eval_size`` overrides it).
         seed: Generator seed; evaluation uses a derived seed.
 
     Raises:
-        ValueError: no parts, duplicate part names, unknown reasoning-gym dataset,
+        ConfigError: no parts, duplicate part names, unknown reasoning-gym dataset,
             non-positive sizes or weights (all problems reported at once).
     """
 
@@ -83,6 +95,8 @@ class ReasoningGymDataModule(PromptDataModule):
         for key, value in (("train_size", train_size), ("eval_size", eval_size)):
             if value < 1:
                 errors.append(f"data.{key}={value} must be >= 1.")
+        errors += [f"data.parts[{p.name}].eval_size={p.eval_size} must be >= 1 (or null: data.eval_size)."
+                   for p in parts if p.eval_size is not None and p.eval_size < 1]
         if errors:
             raise ConfigError("Invalid data config:\n  - " + "\n  - ".join(errors))
         self.parts = parts
@@ -90,6 +104,12 @@ class ReasoningGymDataModule(PromptDataModule):
         self.eval_size = eval_size
 
     # ------------------------------------------------------------------ building
+    def _eval_size(self, part: TaskPart) -> tuple[int, str]:
+        """The part's count of distinct evaluation questions and the field that sets it."""
+        if part.eval_size is not None:
+            return part.eval_size, f"data.parts[{part.name}].eval_size"
+        return self.eval_size, "data.eval_size"
+
     def _generate(self, part: TaskPart, seed: int, size: int, tag: str) -> list[PromptItem]:
         import reasoning_gym
 
@@ -99,24 +119,60 @@ class ReasoningGymDataModule(PromptDataModule):
             for i, e in enumerate(ds)
         ]
 
+    def _held_out(self, part: TaskPart) -> list[PromptItem]:
+        """The part's evaluation prompts: the first ``eval_size`` distinct questions of its eval seed.
+
+        Raises:
+            ConfigError: the generator gave fewer distinct questions in
+                ``EVAL_DRAWS_PER_QUESTION * eval_size`` draws (its question space is too small).
+        """
+        import reasoning_gym
+
+        size, field_name = self._eval_size(part)
+        draws = EVAL_DRAWS_PER_QUESTION * size
+        ds = reasoning_gym.create_dataset(part.dataset, seed=seed_for(self.seed, part.name, "eval"), size=draws,
+                                          **part.config)
+        evals: dict[str, PromptItem] = {}
+        for i in range(draws):
+            e = ds[i]
+            evals.setdefault(question_key(e["question"], e.get("metadata")),
+                             PromptItem(f"{part.name}/e{i}", e["question"], str(e["answer"]), part.name, e))
+            if len(evals) == size:
+                return list(evals.values())
+        raise ConfigError(
+            f"{field_name}={size} but part {part.name!r} has only {len(evals)} distinct questions in {draws} draws "
+            f"(commuted + and * operands count once): lower {field_name} to about {max(1, len(evals) // 3)} "
+            f"(a third, leaving the rest to training) or widen data.parts[{part.name}].config (e.g. max_digits).")
+
     def setup(self, stage: str | None = None) -> None:
-        """Generate the training and evaluation prompts (idempotent)."""
+        """Generate the evaluation and training prompts (idempotent; rules in the module docstring).
+
+        Raises:
+            ConfigError: a part cannot hold its distinct evaluation questions, or holding them
+                out drops more than ``MAX_HELD_OUT_SHARE`` of its training rows (or all of them).
+        """
         if self._train:
             return
         for part in self.parts:
-            evals = self._generate(part, seed_for(self.seed, part.name, "eval"), self.eval_size, "e")
-            held = {e.question for e in evals}
-            train = [
-                x for x in self._generate(part, seed_for(self.seed, part.name, "train"), self.train_size, "")
-                if x.question not in held
-            ]
-            if not train:
-                raise ValueError(f"data.parts[{part.name}]: every training prompt is also an eval prompt; "
-                                 "raise train_size or widen the generator config.")
+            evals = self._held_out(part)
+            held = {question_key(x.question, x.entry.get("metadata")) for x in evals}
+            generated = self._generate(part, seed_for(self.seed, part.name, "train"), self.train_size, "")
+            train = [x for x in generated if question_key(x.question, x.entry.get("metadata")) not in held]
+            dropped = len(generated) - len(train)
+            if not train or dropped > MAX_HELD_OUT_SHARE * len(generated):
+                size, field_name = self._eval_size(part)
+                raise ConfigError(
+                    f"data.parts[{part.name}]: holding out its {len(evals)} evaluation questions drops {dropped} of "
+                    f"its {len(generated)} training rows (more than {MAX_HELD_OUT_SHARE:.0%}): its question space is "
+                    f"mostly held out; lower {field_name}={size} or widen data.parts[{part.name}].config.")
             self._eval[part.name], self._train[part.name] = evals, train
         self.check_prompt_ids()
+        self.log_eval_questions()
 
     def fingerprint(self) -> str:
         """Short hash of everything that determines the generated prompts."""
-        text = repr([(p.name, p.dataset, sorted(p.config.items()), p.weight) for p in self.parts])
-        return hashlib.sha256(f"{text}|{self.train_size}|{self.eval_size}|{self.seed}".encode()).hexdigest()[:12]
+        text = repr([(p.name, p.dataset, sorted(p.config.items()), p.weight)
+                     + ((p.eval_size,) if p.eval_size is not None else ()) for p in self.parts])
+        held_out = "|held-out-by-key"  # evaluation distinct by question_key, training without its keys
+        return hashlib.sha256(f"{text}|{self.train_size}|{self.eval_size}|{self.seed}{held_out}".encode()
+                              ).hexdigest()[:12]

@@ -171,6 +171,25 @@ class PromptDataModule(pl.LightningDataModule):
         self.setup()
         return {name: items for name, items in self._eval.items() if items}
 
+    def eval_question_counts(self) -> dict[str, int]:
+        """Distinct evaluation questions by part (:func:`~mrl_lightning.data.question_keys.question_key`).
+
+        Success intervals are over these, not over rows (docs/default.md, "Task"); both data
+        modules make every evaluation row of a part a distinct question.
+        """
+        from mrl_lightning.data.question_keys import question_key
+
+        return {name: len({question_key(x.question, x.entry.get("metadata")) for x in items})
+                for name, items in self.eval_items().items()}
+
+    def log_eval_questions(self) -> None:
+        """Say once (rank zero, at the end of ``setup``) how many distinct questions each part evaluates on."""
+        from lightning.pytorch.utilities import rank_zero_info
+
+        counts = ", ".join(f"{name} {n}" for name, n in self.eval_question_counts().items())
+        if counts:
+            rank_zero_info(f"data: held-out evaluation questions (distinct, none trained on) per part: {counts}")
+
     def train_items(self, part: str) -> list[PromptItem]:
         """All training prompts of one part.
 

@@ -22,7 +22,7 @@ def _parts(add_weight=1.0, sub_weight=1.0):
     ]
 
 
-def _dm(batch_size=4, train_size=12, eval_size=30, seed=0, **weights):
+def _dm(batch_size=4, train_size=12, eval_size=10, seed=0, **weights):
     return ReasoningGymDataModule(_parts(**weights), batch_size=batch_size, train_size=train_size,
                                   eval_size=eval_size, seed=seed)
 
@@ -72,12 +72,12 @@ def test_another_seed_gives_another_stream():
 
 
 def test_eval_prompts_are_held_out_of_training():
-    dm = _dm(train_size=60, eval_size=30)
+    dm = _dm(train_size=60, eval_size=20)
     evals = dm.eval_items()
     for part in ("add", "sub"):
         held = {x.question for x in evals[part]}
         train = dm.train_items(part)
-        assert len(evals[part]) == 30
+        assert len(evals[part]) == len(held) == 20  # distinct questions (tests/data/test_data_held_out.py)
         assert all(x.prompt_id.startswith(f"{part}/e") for x in evals[part])
         assert not held & {x.question for x in train}
         # 1-digit operands give few distinct questions: the filter really removed some.
