@@ -29,6 +29,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import io
 import re
 import sys
 from pathlib import Path
@@ -384,14 +385,29 @@ class MRLArgumentParser(LightningArgumentParser):
         if hints:
             message = message.rstrip() + "\n" + "\n".join(hints)
         _quiet_usage[0] = True
+        written, stderr = io.StringIO(), sys.stderr
+        sys.stderr = written
         try:
             return super().error(message, ex)
         finally:
+            sys.stderr = stderr
             _quiet_usage[0] = False
+            stderr.write(_error_first(written.getvalue()))
+            stderr.flush()
 
     def print_usage(self, file=None):
         if not _quiet_usage[0]:
             super().print_usage(file)
+
+
+def _error_first(text: str) -> str:
+    """jsonargparse's report with its ``tip:`` line moved after the ``error:`` line it preceded: the first line
+    a reader sees is the error."""
+    start = text.find("error: ")
+    if start <= 0:
+        return text
+    head, error = text[:start], text[start:]
+    return error + ("" if error.endswith("\n") else "\n") + head
 
 
 _parsed_args: list[str] = []  # the arguments of the parse under way: its error names the config file a key is from

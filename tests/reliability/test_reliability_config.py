@@ -67,10 +67,18 @@ def test_empty_or_non_mapping_yaml_is_named(tmp_path, write_tiny_config, no_mode
 
 
 def _one_error_line(err: str) -> str:
-    """The parser's one ``error:`` line (after jsonargparse's ``tip:`` line): nothing else is printed."""
+    """The parser's one ``error:`` line (then jsonargparse's ``tip:`` line): nothing else is printed."""
     lines = err.strip().splitlines()
-    assert len(lines) == 2 and lines[0].startswith("tip: ") and lines[1].startswith("error: "), err
-    return lines[1]
+    assert len(lines) == 2 and lines[0].startswith("error: ") and lines[1].startswith("tip: "), err
+    return lines[0]
+
+
+def test_the_error_line_comes_first_and_the_tip_after_it(write_tiny_config, no_model_build, capsys):
+    """jsonargparse printed its ``tip:`` line above the error, where a reader takes the first line for the cause."""
+    err = _fit_error(capsys, "--config", str(write_tiny_config()), "--trainer.max_stepz", "3")
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("error: ") and "--trainer.max_stepz" in lines[0], err
+    assert lines[-1].startswith("tip: For details of accepted options run: ") and lines[-1].endswith(" fit --help")
 
 
 def _set_class_path(where, value):
