@@ -8,7 +8,8 @@ batch of B prompts from its *own* draws of the data
 (:meth:`~mrl_lightning.data.stream.PromptDataModule.extra_batch`) and samples them. Its GRPO
 term then trains on the first B groups with a signal in draw order (the shared batch first),
 as verl keeps the first ``train_batch_size``; when the cap is reached first, on the ones it
-has.
+has; with none (and no probe term giving a gradient) the policy takes no optimizer step at all
+(:func:`mrl_lightning.update.empty_update`, ``train/<p>/empty_updates_skipped``).
 
 Why the policy's own draws, not more prompts for every policy: every policy still sees the
 step's same B prompts; the shared stream's position never depends on a policy's rewards, so

@@ -8,9 +8,11 @@ prompts and never branches on the placement. Callbacks answer named hooks throug
 ``fabric.call`` (see :mod:`mrl_lightning.callbacks.base` for the hook list and order).
 
 Counters are separate and named: ``rollout_step`` (rollout phases done),
-``global_step`` (training steps done; ``max_steps`` bounds it; in each every policy makes
-``num_iterations`` optimizer steps), ``optimizer_steps[policy]`` and ``samples_seen``
-(completions sampled, all policies, all ranks).
+``global_step`` (training steps done; ``max_steps`` bounds it; in each every policy attempts
+``num_iterations`` optimizer steps), ``optimizer_steps[policy]`` (those attempts, also the ones
+skipped for a non-finite gradient or for want of anything to train on,
+:func:`mrl_lightning.update.empty_update`; AdamW's own step count holds those taken) and
+``samples_seen`` (completions sampled, all policies, all ranks).
 
 Run folder ``<default_root_dir>/version_<n>/``: ``config.yaml`` (resolved config),
 ``model_sources.json`` (what a GGUF-sourced policy loaded: file, sha256, quantization), TensorBoard events, ``checkpoints/step=<k>.ckpt`` and ``checkpoints/last.ckpt``.
@@ -391,7 +393,7 @@ class MRLTrainer:
             metrics.update(batch.metrics)
             metrics[f"train/{name}/update_time_s"] = metrics[f"mwra/{name}/update_s"] = time.perf_counter() - t0
         self.global_step += 1
-        for name, policy in model.policies.items():  # every policy steps, on whichever ranks run it
+        for name, policy in model.policies.items():  # every policy attempts its steps, on whichever ranks run it
             self.optimizer_steps[name] += policy.num_iterations
         waited, peak = w.take_wait_s(), peak_memory_gib(self.fabric.device)
         for name in w.local_policies:

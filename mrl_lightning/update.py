@@ -20,6 +20,9 @@
    (:mod:`mrl_lightning.objectives.aux_share`); each term runs its own forward over its own
    rows only (SGT's few demos), so the bound is exact on every step (docs/probes.md, "Cost");
 4. the non-finite skip (NaN/inf gradient: no step, :func:`mrl_lightning.numerics.skip_nonfinite_update`);
+   then the empty skip (:func:`empty_update`): dynamic sampling kept no group on any of the policy's
+   ranks and no probe term gave a gradient either, so there is nothing to train on and no
+   optimizer step is taken (docs/grpo.md, "Dynamic sampling");
 5. clipping to ``max_grad_norm``;
 6. the learning-rate warm-up and the optimizer step, counted on the policy
    (:meth:`~mrl_lightning.policy.PolicyModule.note_optimizer_step`).
@@ -181,6 +184,28 @@ def term_attention(fabric, terms: list):
     return contextlib.nullcontext()
 
 
+def empty_update(totals: dict[str, float], params: list[torch.nn.Parameter]) -> bool:
+    """True when an optimizer step would have nothing to train on: skip it (docs/grpo.md, "Dynamic sampling").
+
+    That is a step whose GRPO term has no row on any of the policy's ranks (dynamic sampling
+    kept none of the step's groups: ``totals["sequences"]`` is 0, so there is no policy term and
+    no KL term either) and whose probe terms add no gradient (none was appended, or each was
+    bounded to 0 against the zero GRPO gradient). AdamW would still move the weights on such a
+    step (its momentum and weight decay) and count it towards the warm-up, which DAPO, verl and
+    TRL never do on an empty batch. A probe term that does carry a gradient (SGT with a
+    ``grad_share_floor`` or no bound, PRP's peer loss) is stepped on as usual.
+
+    Args:
+        totals: The GRPO term's normalizers over the policy's group (``sequences``, ``tokens``); a
+            batch without ``sequences`` (composed outside the loop) is never empty.
+        params: The trainable parameters, their ``.grad`` already summed over the group (so every
+            rank of the group decides alike).
+    """
+    if float(totals.get("sequences", 1.0)) != 0.0:
+        return False
+    return not any(p.grad is not None and bool(p.grad.detach().any()) for p in params)
+
+
 def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimizer,
                   reduce_gradients: Reduce | None = None, gather: Callable | None = None) -> dict[str, float]:
     """One policy's update on its composed batch, in the order of the module docstring.
@@ -200,9 +225,10 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
     Returns:
         Metrics of the last iteration under ``train/<p>/`` (loss, KL, clip ratios, entropy,
         ratio range, grad norm, learning rate with warm-up), the auxiliary terms' (shares of
-        the update, their own metrics), ``train/<p>/nonfinite_updates_skipped`` and
-        ``train/<p>/aux_loss_time_s`` (seconds spent on the auxiliary terms: forward,
-        backward, reduction and bound), both summed over the iterations.
+        the update, their own metrics), ``train/<p>/nonfinite_updates_skipped``,
+        ``train/<p>/empty_updates_skipped`` (optimizer steps not taken for want of anything to train
+        on, :func:`empty_update`) and ``train/<p>/aux_loss_time_s`` (seconds spent on the auxiliary
+        terms: forward, backward, reduction and bound), each summed over the iterations.
 
     Raises:
         NonFiniteError: too many non-finite updates in a row (:mod:`mrl_lightning.numerics`).
@@ -231,7 +257,8 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
     reduce = reduce_gradients or (lambda params: None)
     totals = batch.group_counts if batch.group_counts is not None else batch.counts
     aux_key, skip_key = f"train/{p}/aux_loss_time_s", f"train/{p}/nonfinite_updates_skipped"
-    metrics[aux_key], metrics[skip_key] = 0.0, 0.0
+    empty_key = f"train/{p}/empty_updates_skipped"
+    metrics[aux_key], metrics[skip_key], metrics[empty_key] = 0.0, 0.0, 0.0
     for iteration in range(policy.num_iterations):
         optimizer.zero_grad(set_to_none=True)
         device = getattr(getattr(fabric, "device", None), "type", None)
@@ -262,6 +289,11 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
                 metrics[aux_key] += time.perf_counter() - t0
         skipped = skip_nonfinite_update(policy, params)
         metrics[skip_key] += float(skipped)
+        if not skipped and empty_update(totals, params):  # nothing moves: weights, moments, warm-up, step counts
+            optimizer.zero_grad(set_to_none=True)
+            metrics[empty_key] += 1.0
+            metrics[f"train/{p}/grad_norm"] = 0.0
+            continue
         metrics[f"train/{p}/grad_norm"] = _clip_and_step(policy, params, model, fabric, optimizer, skipped, metrics)
     return metrics
 
