@@ -41,7 +41,8 @@ from lightning.pytorch.cli import LightningArgumentParser
 from mrl_lightning.config_reports import CLASS_KEY as _CLASS_KEY
 from mrl_lightning.config_reports import PARSER_KEY as _PARSER_KEY
 from mrl_lightning.config_reports import TOP_KEY as _TOP_KEY
-from mrl_lightning.config_reports import config_file_setting, config_paths, error_key, type_message
+from mrl_lightning.config_reports import (config_file_setting, config_paths, error_key, missing_config_line,
+                                          type_message)
 
 _BARE_KEY = re.compile(r"^Option '([^']+)' is not accepted")
 _UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
@@ -279,12 +280,15 @@ def config_file_problems(args: list[str]) -> list[str]:
         line and column), and one per ``class_path`` in it that names no class
         (:func:`class_path_problem`, with the nearest valid classes), or whose ``init_args`` hold
         a key its class does not take (:func:`unknown_argument_line`: removed, or the nearest valid
-        keys). Missing files are left to the parser.
+        keys), and one per file that does not exist, with the nearest file names of its folder
+        (:func:`~mrl_lightning.config_reports.missing_config_line`).
     """
     problems = []
     for path in config_paths(args):
         file = Path(path)
         if not file.is_file():
+            missing = missing_config_line(path)  # a directory, or an inline config: left to the parser
+            problems.extend([missing] if missing else [])
             continue
         raw = file.read_bytes()
         try:

@@ -3,11 +3,13 @@
 jsonargparse reports a value of the wrong type as a nested union report of ten lines, and an
 error about a key without the ``--config`` file it came from. :func:`type_message` turns the
 first into one line naming the key as a config writes it (``data.init_args.parts``), the value
-and what it must be; :func:`error_key` and :func:`config_file_setting` find the file.
+and what it must be; :func:`error_key` and :func:`config_file_setting` find the file. A ``--config``
+path that names no file gets the nearest file names of its folder (:func:`missing_config_line`).
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 
@@ -102,3 +104,27 @@ def _values(node, parts: list[str]) -> list:
     if isinstance(node, list):
         return [v for entry in node for v in _values(entry, parts)]
     return _values(node[parts[0]], parts[1:]) if isinstance(node, dict) and parts[0] in node else []
+
+
+def missing_config_line(value: str) -> str | None:
+    """One line for a ``--config`` value that names no file: the file names of its folder nearest to it
+    (``difflib``), or that the folder does not exist; None for a file that exists, or a value that is a config
+    written inline (``--config '{trainer: {max_steps: 3}}'``, which jsonargparse parses as YAML)."""
+    path = Path(value)
+    try:
+        inline = not isinstance(yaml.safe_load(value), str)
+    except yaml.YAMLError:
+        inline = False
+    if path.exists() or inline:
+        return None
+    folder = path.parent
+    if not folder.is_dir():
+        return (f"--config {value!r}: no such file (its folder {str(folder)!r} does not exist either); give the "
+                "path of a YAML file, e.g. configs/default.yaml.")
+    names = sorted(p.name for p in folder.iterdir() if p.is_file() and p.suffix in (".yaml", ".yml", ".json"))
+    near = difflib.get_close_matches(path.name, names, n=3, cutoff=0.6)
+    shown = [n if str(folder) == "." else str(folder / n) for n in near]
+    if near:
+        return f"--config {value!r}: no such file; did you mean {' or '.join(map(repr, shown))}?"
+    listed = ", ".join(names[:12]) + (" ..." if len(names) > 12 else "")
+    return (f"--config {value!r}: no such file; the config files in {str(folder)!r} are: {listed or 'none'}.")

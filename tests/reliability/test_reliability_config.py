@@ -81,6 +81,30 @@ def test_the_error_line_comes_first_and_the_tip_after_it(write_tiny_config, no_m
     assert lines[-1].startswith("tip: For details of accepted options run: ") and lines[-1].endswith(" fit --help")
 
 
+def test_a_mistyped_config_path_names_the_nearest_files_of_its_folder(tmp_path, write_tiny_config, no_model_build,
+                                                                      capsys):
+    """jsonargparse said only ``File does not exist``."""
+    (tmp_path / "default.yaml").write_text("trainer: {max_steps: 3}\n")
+    (tmp_path / "other.yaml").write_text("trainer: {max_steps: 3}\n")
+    typo = str(tmp_path / "defualt.yaml")
+    err = _fit_error(capsys, "--config", str(write_tiny_config()), "--config", typo)
+    assert _one_error_line(err) == (f"error: --config {typo!r}: no such file; did you mean "
+                                    f"{str(tmp_path / 'default.yaml')!r}?")
+    nowhere = str(tmp_path / "confgs" / "default.yaml")
+    assert _one_error_line(_fit_error(capsys, "--config", nowhere)) == (
+        f"error: --config {nowhere!r}: no such file (its folder {str(tmp_path / 'confgs')!r} does not exist either); "
+        "give the path of a YAML file, e.g. configs/default.yaml.")
+
+
+def test_a_config_given_inline_is_not_taken_for_a_missing_file():
+    from mrl_lightning.config_reports import missing_config_line
+
+    assert missing_config_line("{trainer: {max_steps: 3}}") is None
+    assert missing_config_line("configs/default.yaml") is None  # exists (tests run from the repository root)
+    assert missing_config_line("configs/defualt.yaml") == (
+        "--config 'configs/defualt.yaml': no such file; did you mean 'configs/default.yaml'?")
+
+
 def _set_class_path(where, value):
     def modify(c):
         where(c)["class_path"] = value
