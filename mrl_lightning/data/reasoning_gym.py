@@ -8,7 +8,7 @@ matched across policies (docs/see.md). The data position is a counter per part p
 epoch number; each epoch's order is a permutation seeded by (seed, part, epoch), so
 ``state_dict`` / ``load_state_dict`` resume the exact same stream.
 
-Evaluation is held out by question (docs/default.md, "Task"): each part's evaluation prompts
+Evaluation is held out by question (docs/default.md, "The task"): each part's evaluation prompts
 come from a separate generator seed, are distinct by :func:`~mrl_lightning.data.question_keys.question_key`
 (commuted ``+`` / ``*`` operands are one question), and every training prompt whose key is an
 evaluation key is dropped. A part whose question space cannot hold its ``eval_size`` distinct

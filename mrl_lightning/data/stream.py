@@ -174,7 +174,7 @@ class PromptDataModule(pl.LightningDataModule):
     def eval_question_counts(self) -> dict[str, int]:
         """Distinct evaluation questions by part (:func:`~mrl_lightning.data.question_keys.question_key`).
 
-        Success intervals are over these, not over rows (docs/default.md, "Task"); both data
+        Success intervals are over these, not over rows (docs/default.md, "The task"); both data
         modules make every evaluation row of a part a distinct question.
         """
         from mrl_lightning.data.question_keys import question_key
