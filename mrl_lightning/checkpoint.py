@@ -23,6 +23,7 @@ file holding every policy) still load.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gzip
 import io
@@ -34,10 +35,7 @@ from typing import Any, BinaryIO, Callable
 import torch
 
 from mrl_lightning.errors import ConfigError
-from mrl_lightning.writable import disk_full_in, free_space_text
-
-
-GZIP_MAGIC = b"\x1f\x8b"
+from mrl_lightning.writable import GZIP_MAGIC, disk_full_in, file_damage, free_space_text
 
 
 def atomic_save(obj: Any, path: str | Path, compress: bool = False, checkpoint: str | Path | None = None) -> None:
@@ -121,26 +119,59 @@ class CheckpointError(ConfigError):
     """``--ckpt_path`` cannot be resumed from (missing, unreadable or from another config)."""
 
 
-def _read(path: Path, what: str) -> Any:
-    """``torch.load`` (weights-only) of a plain or gzipped file; any failure is a :class:`CheckpointError`."""
+def _read(path: Path, what: str, manifest: Path | None = None, step: int | None = None) -> Any:
+    """``torch.load`` (weights-only) of a plain or gzipped file; any failure is a :class:`CheckpointError`
+    (:func:`_unreadable`: ``manifest`` and ``step`` are the checkpoint a part belongs to)."""
     try:
-        with open(path, "rb") as fh:
-            compressed = fh.read(2) == GZIP_MAGIC
-        if compressed:  # written with compress=True: the torch.save bytes, gzipped
-            with gzip.open(path, "rb") as stream:
-                return torch.load(io.BytesIO(stream.read()), map_location="cpu", weights_only=True)
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return _torch_load(path)
     except FileNotFoundError:
         raise
     except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same advice
-        first = str(exc).splitlines()[0] if str(exc) else "empty or truncated file"
+        raise _unreadable(path, what, manifest or path, step, exc) from exc
+
+
+def _torch_load(path: Path) -> Any:
+    with open(path, "rb") as fh:
+        compressed = fh.read(2) == GZIP_MAGIC
+    if compressed:  # written with compress=True: the torch.save bytes, gzipped
+        with gzip.open(path, "rb") as stream:
+            return torch.load(io.BytesIO(stream.read()), map_location="cpu", weights_only=True)
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _unreadable(path: Path, what: str, manifest: Path, step: int | None, exc: Exception | None = None
+                ) -> CheckpointError:
+    """The error for ``path`` that cannot be read: what is wrong with it (:func:`~mrl_lightning.writable.file_damage`)
+    and the checkpoints of its folder to resume from instead, those that do not name this file
+    (docs/reliability.md, "Checkpoints and the exchange log")."""
+    damage = file_damage(path)
+    if damage is not None and damage[0] == "foreign":
+        return CheckpointError(f"{what} is not a checkpoint of mrl-lightning: {damage[1]}; a checkpoint is what mrl fit "
+                               "writes in <run folder>/checkpoints/ (last.ckpt or step=<k>.ckpt), a torch.save file, "
+                               "plain or gzipped. Give --ckpt_path one of those.")
+    if damage is not None:
+        why = damage[1]
+    else:  # whole as a file, yet torch could not read it
+        first = str(exc).splitlines()[0] if exc is not None and str(exc) else "no detail"
         if "weights_only" in first:  # torch's advice to unpickle arbitrary code is never right for a checkpoint
             first = "its contents are not a weights-only torch.save file"
-        raise CheckpointError(
-            f"{what} could not be read ({type(exc).__name__}: {first}). "
-            "It is truncated, corrupted or not an mrl-lightning checkpoint; resume from another file in the same "
-            "checkpoints/ folder (step=<k>.ckpt or last.ckpt)."
-        ) from exc
+        why = f"{type(exc).__name__}: {first}; it is truncated, corrupted or not an mrl-lightning checkpoint"
+    others = []  # the checkpoints beside the manifest that read and name another step's parts
+    for other in manifest.parent.glob("*.ckpt"):
+        with contextlib.suppress(Exception):  # an unreadable one is no way out: left unnamed
+            if not (manifest.exists() and os.path.samefile(other, manifest)) and file_damage(other) is None:
+                k = int(_torch_load(other)["counters"]["global_step"])
+                if k != step:
+                    others.append((k, other))
+    if not others:
+        return CheckpointError(f"{what} cannot be read: {why}. There is no other checkpoint in {manifest.parent} "
+                               "that names another step: restore the file from a copy, or start the run again "
+                               "without --ckpt_path.")
+    others.sort(key=lambda o: (o[0], o[1].name != "last.ckpt"))
+    names = ", ".join(o[1].name for o in others)
+    which = "that do not name this part" if step is not None else "besides this one"
+    return CheckpointError(f"{what} cannot be read: {why}. Resume from an earlier checkpoint: --ckpt_path "
+                           f"{others[-1][1]} (the readable checkpoints in its folder {which}: {names}).")
 
 
 def load_checkpoint(path: str | Path, policies: list[str] | tuple[str, ...] | None = None) -> dict[str, Any]:
@@ -229,18 +260,27 @@ def _missing_part(manifest: Path, state: dict[str, Any], name: str) -> Checkpoin
 
 
 def check_parts_present(state: dict[str, Any], path: str | Path) -> None:
-    """Every part file the manifest names is there (a stat each, nothing read): the check before any build.
+    """Every part file the manifest names is there and whole: the check before any build, on every rank.
+
+    Each part's structure is read, nothing unpickled (:func:`~mrl_lightning.writable.file_damage`: a plain
+    file's zip directory at its end; a gzipped file's stream to its end marker, the one cost that grows
+    with the part), so a truncated part stops the run before a model is built or a run folder made.
 
     Raises:
-        CheckpointError: a part file is missing (as :func:`load_policy_parts` would say, later).
+        CheckpointError: a part file is missing, or truncated / not a checkpoint file (as
+            :func:`load_policy_parts` would say, later), with the earlier checkpoints to resume from.
     """
     parts = state.get("parts")
     if not isinstance(parts, dict):
         return
     manifest = Path(path).expanduser()
     for name in parts:
-        if not (manifest.parent / parts[name]["file"]).is_file():
+        file = manifest.parent / parts[name]["file"]
+        if not file.is_file():
             raise _missing_part(manifest, state, name)
+        if file_damage(file) is not None:
+            raise _unreadable(file, f"the part of policy {name!r} of ckpt_path={str(manifest)!r} ({file})", manifest,
+                              int(state["counters"]["global_step"]))
 
 
 def load_policy_parts(state: dict[str, Any], names: list[str], path: str | Path) -> None:
@@ -267,7 +307,7 @@ def load_policy_parts(state: dict[str, Any], names: list[str], path: str | Path)
         file = manifest.parent / parts[name]["file"]
         what = f"the part of policy {name!r} of ckpt_path={str(manifest)!r} ({file})"
         try:
-            part = _read(file, what)
+            part = _read(file, what, manifest, step)
         except FileNotFoundError:
             raise _missing_part(manifest, state, name) from None
         if not isinstance(part, dict) or part.get("format") != PART_FORMAT or part.get("policy") != name \

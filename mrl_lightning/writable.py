@@ -1,4 +1,5 @@
-"""Whether a folder can be written, found by trying, and whether an error is a full disk (docs/reliability.md).
+"""Whether a folder can be written, found by trying, whether an error is a full disk, whether a file is whole,
+and a folder's entries flushed to disk (docs/reliability.md).
 
 Permission bits do not answer it: root ignores them, and a read-only mount, a full disk or
 a path through a file refuse writes whatever they say. :func:`write_problem` finds the
@@ -6,15 +7,83 @@ nearest folder of the path that exists and writes a byte to a temporary file in 
 empty file needs no free block: a full disk accepts it), so nothing is left behind and no
 folder is created by asking. :func:`disk_full_in` finds ``ENOSPC`` behind another error
 (torch's zip writer hides it), for the one line a full disk gets (:mod:`mrl_lightning.run_stop`).
+:func:`file_damage` tells a truncated checkpoint file from a whole one by its structure alone,
+and a file of another kind (a text file) from both; :func:`fsync_dir` makes a rename in a folder
+durable (docs/loop.md, "Checkpoints").
 """
 
 from __future__ import annotations
 
 import errno
+import gzip
 import os
 import shutil
 import tempfile
+import zipfile
+import zlib
 from pathlib import Path
+
+GZIP_MAGIC, ZIP_MAGIC = b"\x1f\x8b", b"PK\x03\x04"
+"""The first bytes of a gzipped file, and of a ``torch.save`` file (a zip archive)."""
+
+
+def file_damage(path: str | os.PathLike) -> tuple[str, str] | None:
+    """What keeps ``path`` from being a whole ``torch.save`` file, plain or gzipped, found from its structure
+    (nothing is unpickled): a plain file's zip directory, which ``torch.save`` writes at the end (a truncated
+    file has none), or a gzipped file's stream read to its end marker (its length and CRC checked on the way).
+
+    Returns:
+        None when the file looks whole (also for a pickle, ``torch.save``'s format before zip: torch tells);
+        else ``(kind, why)``: ``("damaged", "its zip directory ... is missing: the file is truncated")``, or
+        ``("foreign", "it begins with b'hello'")`` for a file of another kind.
+    """
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+        if head[:2] == GZIP_MAGIC:
+            fh.seek(0)
+            try:
+                with gzip.GzipFile(fileobj=fh, mode="rb") as stream:
+                    inner = stream.read(4)
+                    while stream.read(1 << 24):
+                        pass
+            except EOFError:
+                return "damaged", "its gzip stream ends before its end marker: the file is truncated"
+            except (OSError, zlib.error) as exc:
+                return "damaged", f"its gzip stream is corrupted ({exc})"
+            if inner != ZIP_MAGIC:
+                return "foreign", f"it is gzipped, but what it holds begins with {inner!r}, not as a torch.save file does"
+            return None
+        if head == ZIP_MAGIC:
+            try:
+                zipfile.ZipFile(fh).close()
+            except (zipfile.BadZipFile, OSError, ValueError):
+                return "damaged", ("its zip directory, which torch.save writes at the end of the file, is missing: the "
+                                   "file is truncated")
+            return None
+        if not head:
+            return "damaged", "it is empty (0 bytes): the file is truncated"
+        if head[:1] == b"\x80":
+            return None
+        fh.seek(0)
+        return "foreign", f"it begins with {fh.read(16)!r}"
+
+
+def fsync_dir(folder: str | os.PathLike) -> None:
+    """Flush ``folder``'s entries to disk, so that a file renamed, linked or created in it stays after a crash.
+
+    ``os.replace`` and ``os.link`` change the folder, not the file: until the folder is flushed a power
+    cut can undo them on some file systems (ext4 with ``data=writeback``, XFS), leaving the old name or
+    none. A file system that cannot flush a folder (``EINVAL``: some network and FUSE file systems) is
+    left as it is; any other error is raised.
+    """
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
 
 
 def write_problem(path: str | os.PathLike) -> str | None:

@@ -114,7 +114,7 @@ def test_truncated_checkpoint_is_a_clear_error_and_last_good_one_resumes(write_c
     cfg = write_config("b.yaml", modify=lambda c: c["trainer"].update(version="b", max_steps=3))
     assert main(["fit", "--config", str(cfg), "--ckpt_path", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert "broken.ckpt" in err and "could not be read" in err
+    assert "broken.ckpt" in err and "cannot be read" in err
     assert main(["fit", "--config", str(cfg), "--ckpt_path", str(run / "checkpoints" / "step=1.ckpt")]) == 0
 
 

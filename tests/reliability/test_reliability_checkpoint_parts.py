@@ -58,7 +58,7 @@ class _Callback:
         return states[0]
 
 
-def _save(folder: Path, step: int, policies: dict, keep: int = 2, workers=None) -> Path:
+def _save(folder: Path, step: int, policies: dict, keep: int = 2, workers=None, compress: bool = False) -> Path:
     workers = workers or _Workers(list(policies))
     optimizers = {n: torch.optim.AdamW(p.model.parameters(), lr=0.1) for n, p in policies.items()}
     for name, p in policies.items():  # a step, so the optimizer has moments to save
@@ -66,7 +66,7 @@ def _save(folder: Path, step: int, policies: dict, keep: int = 2, workers=None) 
         optimizers[name].step()
     return save_run_checkpoint(folder, step, workers=workers, policies=policies, optimizers=optimizers,
                                callbacks=[_Callback()], counters={"global_step": step}, data_state={"position": {}},
-                               compress=False, keep=keep)
+                               compress=compress, keep=keep)
 
 
 def _policies() -> dict:
@@ -211,3 +211,28 @@ def test_a_manifest_copied_without_its_parts_is_refused_when_read_alone_before_a
                                               r"and its folder step=1.parts/ beside it: copy or keep both\.$"):
         load_checkpoint(tmp_path / "alone" / "last.ckpt", policies=())
     assert load_checkpoint(tmp_path / "run" / "last.ckpt", policies=())["policies"] == {}
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_a_truncated_part_is_named_before_any_build_with_the_earlier_checkpoints_to_resume_from(tmp_path, compress):
+    """The check before the build (the manifest alone, ``policies=()``) reads each part's structure: a part cut
+    short is named there, with the checkpoints that do not name it; last.ckpt, which names the same part, is not
+    offered."""
+    policies = _policies()
+    for step in (1, 2):
+        _save(tmp_path, step, policies, keep=2, compress=compress)
+    part = tmp_path / "step=2.parts" / "a.pt"
+    part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])
+    for given in ("last.ckpt", "step=2.ckpt"):
+        with pytest.raises(CheckpointError) as info:
+            load_checkpoint(tmp_path / given, policies=())
+        msg = str(info.value)
+        assert msg.startswith(f"the part of policy 'a' of ckpt_path={str(tmp_path / given)!r} ({part}) cannot be "
+                              "read: "), msg
+        assert "truncated" in msg and "\n" not in msg
+        assert msg.endswith(f"Resume from an earlier checkpoint: --ckpt_path {tmp_path / 'step=1.ckpt'} (the "
+                            "readable checkpoints in its folder that do not name this part: step=1.ckpt)."), msg
+    (tmp_path / "step=1.ckpt").unlink()
+    with pytest.raises(CheckpointError, match=r"no other checkpoint in .* names another step: restore the file from a "
+                                              r"copy, or start the run again without --ckpt_path\.$"):
+        load_checkpoint(tmp_path / "last.ckpt", policies=())

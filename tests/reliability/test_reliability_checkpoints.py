@@ -228,16 +228,35 @@ def test_gzip_of_random_bytes_is_a_clear_error_without_torch_unsafe_advice(tmp_p
     path = tmp_path / "last.ckpt"
     path.write_bytes(gzip.compress(torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0),
                                                  dtype=torch.uint8).numpy().tobytes()))
-    with pytest.raises(CheckpointError, match="truncated, corrupted") as info:
+    with pytest.raises(CheckpointError, match="is not a checkpoint of mrl-lightning: it is gzipped, but what it "
+                                              "holds begins with") as info:
         load_checkpoint(path)
     assert "weights_only" not in str(info.value) and "arbitrary code" not in str(info.value)
+
+
+@pytest.mark.parametrize("content", [b"hello\n", b"step: 48\nnot a checkpoint\n" * 10, b""])
+def test_a_file_that_is_no_checkpoint_says_so_plainly(tmp_path, content):
+    """A text file given as --ckpt_path: what was expected and what the file is, not torch's ``KeyError: 101``."""
+    path = tmp_path / "notes.txt"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path)
+    msg = str(info.value)
+    assert "KeyError" not in msg and "\n" not in msg, msg
+    if content:
+        assert msg.startswith(f"ckpt_path={str(path)!r} is not a checkpoint of mrl-lightning: it begins with "
+                              f"{content[:16]!r}; a checkpoint is what mrl fit writes in <run folder>/checkpoints/ "
+                              "(last.ckpt or step=<k>.ckpt), a torch.save file, plain or gzipped."), msg
+    else:
+        assert msg.startswith(f"ckpt_path={str(path)!r} cannot be read: it is empty (0 bytes)"), msg
 
 
 def test_truncated_compressed_checkpoint_is_a_clear_error(tmp_path):
     path = tmp_path / "last.ckpt"
     atomic_save(_adam_like_state(), path, compress=True)
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    with pytest.raises(CheckpointError, match="truncated, corrupted"):
+    with pytest.raises(CheckpointError, match="cannot be read: its gzip stream ends before its end marker: the file "
+                                              "is truncated"):
         load_checkpoint(path)
 
 

@@ -165,3 +165,28 @@ def test_a_checkpoint_beyond_max_steps_is_refused_naming_both_steps(runs, monkey
     assert code == 2 and not resumed.exists()
     assert ("trainer.max_steps=1 is below the checkpoint's step 2; set --trainer.max_steps to 2 (the run is "
             "complete there) or more to continue training from it.") in err
+
+
+def test_a_truncated_part_is_refused_before_any_build_naming_the_file_and_an_earlier_checkpoint(runs, monkeypatch,
+                                                                                               capsys):
+    """A part cut short (a copy that stopped, a full disk elsewhere) is found by the check before the build, on
+    every rank, so no worker builds its models and no version_<n> folder is made for the failed try."""
+    code, first = runs("damaged_a", lambda cfg: cfg["trainer"].update(max_steps=2, keep_checkpoints=5))
+    assert code == 0
+    folder = first / "checkpoints"
+    part = folder / "step=2.parts" / "llama.pt"
+    part.write_bytes(part.read_bytes()[:3000])
+    root = first.parent
+    before = sorted(p.name for p in root.iterdir())
+    forbid_model_build(monkeypatch)
+    capsys.readouterr()
+    code, _ = runs("damaged_b", lambda cfg: cfg["trainer"].update(max_steps=3, version=None), *_resume_of(first))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[0] == "mrl: configuration error:" and len(lines) == 2, err
+    assert lines[1].startswith(f"the part of policy 'llama' of ckpt_path={str(folder / 'last.ckpt')!r} ({part}) "
+                               "cannot be read: "), err
+    assert lines[1].endswith(f"Resume from an earlier checkpoint: --ckpt_path {folder / 'step=1.ckpt'} (the readable "
+                             "checkpoints in its folder that do not name this part: step=1.ckpt)."), err
+    assert sorted(p.name for p in root.iterdir()) == before
