@@ -19,10 +19,15 @@ end-of-turn token) and maps j's sampling log-probs onto those tokens
    to ``batch.aux_losses`` and weighted by ``lambda_prp``. With ``lambda_prp = 0`` (no loss)
    ``logp_recv`` is computed when the batch is composed, for the weight metrics alone.
 
+The peer unit loss is the receiver's own ``loss_type`` term at its own
+``importance_sampling_level`` (and its ``delta``, SAPO / VESPO options), on the ratio to the
+receiver at compose time, times the importance weight (:func:`prp_token_losses`), so every
+loss type of docs/grpo.md pools.
+
 Normalization (a choice made here): the peer token losses are aggregated with the
-*own* batch's normalizer for the policy's ``loss_type`` (own sequences for ``grpo`` and
-``dr_grpo``, own counted tokens for ``bnpo``/``dapo``), so with ``lambda_prp = 1`` a peer
-sample weighs exactly what an own sample weighs. Two identical policies with one tokenizer
+*own* batch's normalizer for the policy's ``loss_type`` (own sequences for ``grpo``,
+``sapo``, ``luspo`` and ``dr_grpo``, own counted tokens for ``bnpo`` / ``dapo`` / ``cispo`` /
+``vespo``), so with ``lambda_prp = 1`` a peer sample weighs exactly what an own sample weighs. Two identical policies with one tokenizer
 then give (N_own + N_peer) / N_own times the GRPO loss over the pooled group of G + M
 (same gradient direction; tested): exact equality would need the trainer to scale the own
 GRPO loss too. The peer tokens get no KL term (``beta`` applies to own samples only), and
@@ -54,7 +59,8 @@ from mrl_lightning.callbacks.xgrpo import advantage_probe_note
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.exchange import RolloutRecord
 from mrl_lightning.metrics import Sum
-from mrl_lightning.objectives.grpo import group_advantages
+from mrl_lightning.objectives.grpo import aggregate_loss, group_advantages
+from mrl_lightning.objectives.loss_types import OPTION_DEFAULTS
 from mrl_lightning.probes.prp import (
     IS_LEVELS,
     IS_MODES,
@@ -69,13 +75,15 @@ from mrl_lightning.update import loss_counts
 
 def own_unit_loss(token_losses: Tensor, mask: Tensor, loss_type: str, own_sequences: int, own_tokens: float,
                   max_completion_length: int) -> Tensor:
-    """Sum peer token losses, divided by the *own* batch's ``loss_type`` normalizer (docs/grpo.md, docs/probes.md).
+    """Peer token losses aggregated as ``loss_type`` aggregates, with the *own* batch's normalizers (docs/grpo.md,
+    "Aggregation"; docs/probes.md).
 
     Args:
         token_losses: ``[M, L]`` float, per-token peer losses (0 where masked).
         mask: ``[M, L]`` bool, True = counted.
-        loss_type: ``grpo`` (per-sequence token mean, / own sequences), ``bnpo``/``dapo``
-            (/ own counted tokens) or ``dr_grpo`` (/ own sequences * max_completion_length).
+        loss_type: Any of docs/grpo.md's eight: ``grpo`` / ``sapo`` (per-sequence token mean, / own
+            sequences), ``luspo`` (per-sequence sum, / own sequences), ``bnpo`` / ``dapo`` / ``cispo`` /
+            ``vespo`` (/ own counted tokens) or ``dr_grpo`` (/ own sequences * max_completion_length).
         own_sequences: N, the receiver's own sequences this step.
         own_tokens: Its counted completion tokens.
         max_completion_length: The policy's L (``dr_grpo`` only).
@@ -86,14 +94,8 @@ def own_unit_loss(token_losses: Tensor, mask: Tensor, loss_type: str, own_sequen
     Raises:
         ValueError: unknown ``loss_type``.
     """
-    m = mask.to(token_losses.dtype)
-    if loss_type == "grpo":
-        return ((token_losses * m).sum(1) / m.sum(1).clamp(min=1.0)).sum() / max(own_sequences, 1)
-    if loss_type in ("bnpo", "dapo"):
-        return (token_losses * m).sum() / max(own_tokens, 1.0)
-    if loss_type == "dr_grpo":
-        return (token_losses * m).sum() / (max(own_sequences, 1) * max_completion_length)
-    raise ValueError(f"loss_type={loss_type!r} is not valid; valid: ['grpo', 'bnpo', 'dapo', 'dr_grpo']")
+    return aggregate_loss(token_losses, mask, loss_type, max_completion_length, num_sequences=own_sequences,
+                          num_tokens=float(own_tokens))
 
 
 class _PRPPeerLoss(AuxiliaryLoss):
@@ -115,8 +117,11 @@ class _PRPPeerLoss(AuxiliaryLoss):
             recv = torch.where(t["completion_mask"], logp.detach().float(), torch.zeros_like(logp, dtype=torch.float32))
             self.t["logp_recv"] = t["logp_recv"] = recv
             self.first_metrics = p.weight_metrics(recv.cpu(), self.t["logp_src"], self.t["loss_mask"], self.tag)
+        options = {k: v for k, v in policy.loss_options().items() if k in OPTION_DEFAULTS and not k.startswith("eps")}
         losses = prp_token_losses(logp, t["logp_recv"], t["logp_src"], t["loss_mask"], t["advantages"],
-                                  p.is_mode, p.is_level, p.c, policy.epsilon, policy.epsilon_high)
+                                  p.is_mode, p.is_level, p.c, policy.epsilon, policy.epsilon_high,
+                                  loss_type=policy.loss_type,
+                                  importance_sampling_level=policy.importance_sampling_level, **options)
         # The own batch's normalizers, summed over the policy's ranks when data-parallel.
         loss = self.weight * own_unit_loss(losses, t["loss_mask"], policy.loss_type, int(totals.get("sequences", 0.0)),
                                            float(totals.get("tokens", 0.0)), policy.max_completion_length)

@@ -9,7 +9,17 @@ for policy optimization"): with
 
     w_t   = f(exp(logp_recv(t) - logp_src(t)))           importance weight, no gradient
     r_t   = exp(logp_theta(t) - logp_recv(t))            ratio to the receiver at compose time
-    l_t   = -w_t * min(r_t * A, clip(r_t, 1 - eps_low, 1 + eps_high) * A)
+    l_t   = w_t * policy_t(r, A)
+
+where ``policy_t`` is the receiver's own ``loss_type`` term (docs/grpo.md, "Loss types";
+:mod:`mrl_lightning.objectives.loss_types`) with ``logp_recv`` in the place of the old
+log-probs and the receiver's ``importance_sampling_level`` for r: for the clipped types
+``-min(r_t A, clip(r_t, 1 - eps_low, 1 + eps_high) A)`` (``delta`` capping r), for ``cispo``
+``-sg(min(r_t, eps_high)) A logp_theta(t)``, for ``sapo`` the sigmoid gate of r, for
+``vespo`` ``-sg(phi(R)) A logp_theta(t)`` with R the sequence's ratio to the receiver. Every
+one of them is a function of the proximal ratio r that the behaviour weight w multiplies as a
+constant, which is the decoupled form (w corrects logp_src -> logp_recv, the loss type's own
+clip, cap, gate or phi logp_recv -> logp_theta).
 
 where ``logp_recv`` are i's log-probs of the peer tokens when the batch was composed (the
 "old" log-probs i would have had, had it sampled them), ``logp_src`` are j's sampling
@@ -17,9 +27,9 @@ log-probs mapped onto i's tokens by THL, and f is the weight mode: ``truncate`` 
 ``clip`` clamp(rho, 1/c, c), ``none`` 1. At ``is_level="sequence"`` rho is the product over
 the sequence's counted tokens (sum of log-ratios) and one weight covers the sequence.
 
-Consequence (tested): when i and j are the same policy with the same tokenizer,
-logp_recv == logp_src, every weight is exactly 1, and l_t is GRPO's own-sample token loss
-with the pooled advantages: PRP equals GRPO with a group of G + M.
+Consequence (tested for every loss type): when i and j are the same policy with the same
+tokenizer, logp_recv == logp_src, every weight is exactly 1, and l_t is the policy's own-sample
+token loss with the pooled advantages: PRP equals GRPO with a group of G + M.
 
 Combining with the own loss: :func:`prp_surrogate_loss` aggregates over peer sequences only
 (``loss_type`` as docs/grpo.md) and multiplies by ``lambda_prp``. GRPO over the pooled group is
@@ -37,6 +47,7 @@ from torch import Tensor
 
 from mrl_lightning.metrics import ESS, Max, Mean, Sum
 from mrl_lightning.objectives.grpo import aggregate_loss, group_advantages
+from mrl_lightning.objectives.loss_types import build_loss_type, importance_weights
 
 IS_MODES = ("truncate", "clip", "none")
 IS_LEVELS = ("token", "sequence")
@@ -210,6 +221,10 @@ def prp_token_losses(
     c: float = 1.0,
     epsilon_low: float = 0.2,
     epsilon_high: float | None = None,
+    *,
+    loss_type: str = "grpo",
+    importance_sampling_level: str = "token",
+    **loss_options: float | None,
 ) -> Tensor:
     """Per-token PRP peer loss l_t (module docstring), 0 where ``mask`` is False.
 
@@ -221,14 +236,20 @@ def prp_token_losses(
         peer_advantages: ``[M]`` (or ``[M, 1]``) advantages of the peer sequences.
         is_mode, is_level, c: As :func:`prp_importance_weights`.
         epsilon_low, epsilon_high: PPO clip range (``epsilon_high=None`` -> ``epsilon_low``),
-            as TRL's ``epsilon`` / ``epsilon_high``.
+            as TRL's ``epsilon`` / ``epsilon_high`` (CISPO's cap is ``epsilon_high``).
+        loss_type: The receiver's ``loss_type`` whose per-token term is used (docs/grpo.md); the
+            four clipped types ``grpo`` / ``bnpo`` / ``dr_grpo`` / ``dapo`` share one term.
+        importance_sampling_level: The receiver's level for the ratio r (``sequence``: GSPO's
+            exp of the mean log-ratio over the sequence's counted tokens, ``[M, 1]``).
+        **loss_options: The loss type's own options (``delta``, ``sapo_temperature_*``,
+            ``vespo_*``; TRL names), as :func:`~mrl_lightning.objectives.loss_types.build_loss_type`.
 
     Returns:
         ``[M, L]`` token losses (gradient flows only through ``logp_theta``).
 
     Raises:
         ValueError: as :func:`prp_importance_weights`, or ``peer_advantages`` not ``[M]``,
-            or a negative epsilon.
+            a negative epsilon, or an unknown loss type, level or option.
     """
     w = prp_importance_weights(logp_receiver, logp_source_mapped, mask, is_mode, is_level, c)
     adv = peer_advantages.reshape(-1)
@@ -245,10 +266,12 @@ def prp_token_losses(
         raise ValueError("prp_token_losses: " + "; ".join(problems))
     if is_level == "sequence":
         w = w[:, None]
-    ratio = torch.exp(logp_theta - logp_receiver.detach())
-    a = adv.detach()[:, None]
-    surrogate = torch.minimum(ratio * a, ratio.clamp(1 - epsilon_low, 1 + eps_high) * a)
-    return torch.where(mask, -w * surrogate, torch.zeros_like(surrogate))
+    kind = build_loss_type(loss_type, epsilon=epsilon_low, epsilon_high=eps_high, **loss_options)
+    log_ratio = logp_theta - logp_receiver.detach()
+    ratio = importance_weights(log_ratio, mask, importance_sampling_level)
+    per_token, _ = kind.per_token(ratio, log_ratio, logp_theta, adv.detach()[:, None], mask)
+    per_token = per_token.expand(mask.shape)
+    return torch.where(mask, w * per_token, torch.zeros_like(per_token))
 
 
 def aggregate_token_losses(
@@ -259,9 +282,10 @@ def aggregate_token_losses(
     Thin wrapper over :func:`mrl_lightning.objectives.grpo.aggregate_loss` with this batch's
     own normalizers.
 
-    ``grpo``: mean over each sequence's counted tokens, then over sequences (sequences with
-    no counted token contribute 0); ``bnpo``/``dapo``: sum / counted tokens; ``dr_grpo``:
-    sum / (M * max_completion_length, default L).
+    ``grpo`` / ``sapo``: mean over each sequence's counted tokens, then over sequences
+    (sequences with no counted token contribute 0); ``bnpo`` / ``dapo`` / ``cispo`` / ``vespo``:
+    sum / counted tokens; ``dr_grpo``: sum / (M * max_completion_length, default L); ``luspo``:
+    each sequence's sum, then the mean over sequences.
 
     Raises:
         ValueError: unknown ``loss_type``.
@@ -283,10 +307,13 @@ def prp_surrogate_loss(
     epsilon_low: float = 0.2,
     epsilon_high: float | None = None,
     max_completion_length: int | None = None,
+    importance_sampling_level: str = "token",
+    **loss_options: float | None,
 ) -> Tensor:
     """lambda_prp times the aggregated peer loss (docs/probes.md); 0 (with grad) when M = 0.
 
-    Arguments as :func:`prp_token_losses` and :func:`aggregate_token_losses`.
+    Arguments as :func:`prp_token_losses` and :func:`aggregate_token_losses`; ``loss_type``
+    chooses both the per-token term and the aggregation.
 
     Raises:
         ValueError: as those two, or ``lambda_prp < 0``.
@@ -298,6 +325,7 @@ def prp_surrogate_loss(
     losses = prp_token_losses(
         logp_theta, logp_receiver, logp_source_mapped, mask, peer_advantages,
         is_mode, is_level, c, epsilon_low, epsilon_high,
+        loss_type=loss_type, importance_sampling_level=importance_sampling_level, **loss_options,
     )
     return lambda_prp * aggregate_token_losses(losses, mask, loss_type, max_completion_length)
 

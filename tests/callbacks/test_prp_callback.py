@@ -173,6 +173,33 @@ def test_identical_policies_same_tokenizer_equal_grpo_with_twice_the_group(model
     torch.testing.assert_close(grad_prp, scale * grad_ref, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("loss_type, options, sequence_units", [
+    ("bnpo", {}, False), ("dr_grpo", {}, True), ("cispo", {"epsilon_high": 5.0}, False),
+    ("sapo", {"importance_sampling_level": "sequence"}, True), ("luspo", {"importance_sampling_level": "sequence"}, True),
+    ("vespo", {}, False), ("grpo", {"importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4}, True),
+])
+def test_every_loss_type_pools_identical_peers_as_its_own_loss_on_twice_the_group(model_dirs, loss_type, options,
+                                                                                 sequence_units):
+    """docs/probes.md: PRP's peer unit loss is the receiver's own loss type (cispo, sapo, luspo and vespo as the
+    clipped four), so identical peers give (own + peer units) / own units times the policy's own update on the
+    pooled group, through the real update."""
+    kwargs = dict(num_generations=3, max_grad_norm=None, loss_type=loss_type, **options)
+    a = built("a", model_dirs["gpt2"], **kwargs)
+    b = built("b", model_dirs["gpt2"], **kwargs)
+    xs = items(2)
+    scored = {"a": scored_from_texts(a, xs, OWN_TEXTS, OWN_R), "b": scored_from_texts(b, xs, PEER_TEXTS, PEER_R)}
+    batch = compose(PeerRolloutPooling(max_peers_per_prompt=3), a, {"a": a, "b": b}, scored)
+    assert len(batch.aux_losses) == 1 and batch.metrics["probe/prp/a/peers_pooled"] == 6.0
+    pooled_texts = [o + p for o, p in zip(OWN_TEXTS, PEER_TEXTS)]
+    ref = scored_from_texts(a, xs, pooled_texts, [o + p for o, p in zip(OWN_R, PEER_R)])
+    grad_prp = grads_after_update(a, batch)
+    grad_ref = grads_after_update(a, TrainBatch(ref, group_advantages(ref.rewards, "group")))
+    own_mask, ref_mask = scored["a"].rollouts.completion_mask, ref.rollouts.completion_mask
+    scale = 2.0 if sequence_units else float(ref_mask.sum()) / float(own_mask.sum())
+    assert float(grad_ref.abs().max()) > 1e-4
+    torch.testing.assert_close(grad_prp, scale * grad_ref, rtol=1e-4, atol=1e-6)
+
+
 def test_pooled_advantages_replace_own_and_no_peers_leave_grpo(model_dirs):
     a = built("a", model_dirs["gpt2"], num_generations=3)
     b = built("b", model_dirs["gpt2"], num_generations=3)

@@ -233,6 +233,46 @@ def test_identical_policies_equal_grpo_with_twice_the_group(is_mode, is_level, l
     torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-7)
 
 
+LOSS_TYPE_SETUPS = [  # every loss type of docs/grpo.md at each importance level a config may pair it with
+    ("grpo", "token", {}), ("grpo", "sequence", {"epsilon_high": 0.28}), ("bnpo", "token", {}),
+    ("dr_grpo", "token", {}), ("dapo", "token", {"delta": 1.3}), ("cispo", "token", {"epsilon_high": 1.1}),
+    ("sapo", "token", {"sapo_temperature_pos": 2.0}), ("sapo", "sequence", {}), ("luspo", "sequence", {}),
+    ("vespo", "token", {"vespo_lambda_neg": 0.0}),
+]
+
+
+@pytest.mark.parametrize("is_level", ["token", "sequence"])
+@pytest.mark.parametrize("loss_type, level, options", LOSS_TYPE_SETUPS)
+def test_identical_peers_get_the_policys_own_unit_loss_for_every_loss_type(loss_type, level, options, is_level):
+    """docs/probes.md: the peer unit loss is the receiver's own loss type's term on the ratio to the receiver;
+    for identical peers (log pi_recv = log pi_src, every weight 1) it equals grpo_loss's own per-token loss,
+    value and gradient, also once the policy has moved (ratios away from 1, clipped, capped, gated)."""
+    from mrl_lightning.objectives.grpo import aggregate_loss, grpo_loss
+
+    gen = torch.Generator().manual_seed(3)
+    n, length = 6, 5
+    logp_old = -torch.rand(n, length, generator=gen) * 3
+    mask = torch.ones(n, length, dtype=torch.bool)
+    mask[1, 3:] = mask[4, 1:] = False
+    logp_old = torch.where(mask, logp_old, torch.zeros_like(logp_old))
+    adv = torch.tensor([1.2, -0.7, 0.0, 2.0, -1.5, 0.4])
+    moved = logp_old + 0.4 * torch.randn(n, length, generator=gen)
+    epsilon, epsilon_high = 0.2, options.pop("epsilon_high", None)
+    theta_own, theta_peer = moved.clone().requires_grad_(True), moved.clone().requires_grad_(True)
+    own = grpo_loss(theta_own, logp_old, adv, mask, loss_type=loss_type, epsilon=epsilon, epsilon_high=epsilon_high,
+                    importance_sampling_level=level, max_completion_length=length, **options)
+    peer = prp_token_losses(theta_peer, logp_old, logp_old, mask, adv, "truncate", is_level, 1.0, epsilon,
+                            epsilon_high, loss_type=loss_type, importance_sampling_level=level, **options)
+    own_tokens = torch.where(mask, own.per_token_loss, torch.zeros_like(own.per_token_loss))
+    torch.testing.assert_close(peer, own_tokens, rtol=0, atol=0)
+    own_loss = aggregate_loss(own.per_token_loss, mask, loss_type, length)
+    peer_loss = aggregate_token_losses(peer, mask, loss_type, length)
+    torch.testing.assert_close(peer_loss, own_loss, rtol=0, atol=0)
+    own_loss.backward()
+    peer_loss.backward()
+    torch.testing.assert_close(theta_peer.grad, theta_own.grad, rtol=0, atol=0)
+
+
 def test_no_peer_samples_give_zero_loss_with_grad():
     logp = torch.zeros(0, 3, requires_grad=True)
     loss = prp_surrogate_loss(logp, logp.detach(), logp.detach(), torch.zeros(0, 3, dtype=torch.bool), torch.zeros(0))
