@@ -295,15 +295,11 @@ class SuccessGatedTransfer(MRLCallback):
     def _step_bound(self, ctx, policy, batch, tag: str) -> float | None:
         """This step's ``max_grad_share`` for ``policy`` (:class:`ShareBound`), logged as ``<tag>/grad_share_bound``.
 
-        The adaptive bound follows the receiver's own strong-part rollouts of the step, summed
-        over its ranks when it runs on several.
+        The adaptive bound follows the receiver's own strong-part rollouts of the step, summed over its ranks.
         """
         name = policy.policy_name
         state = self.bound_state.setdefault(name, {"level": None, "reference": None})
-        # The loop counts this step's rollout phase before the compose (ctx.rollout_step is 1 at the
-        # first step); the bound counts steps from 0, so the first step gets max_grad_share and the
-        # reference is taken over exactly adaptive_reference_steps steps (docs/probes.md, "Moving bounds").
-        index = ctx.rollout_step - 1
+        index = ctx.rollout_step - 1  # the loop counts the rollout phase before the compose; bounds count from 0
         if self.bound.low is not None:
             strong = getattr(policy, "strong_parts", None) or []
             rows = [b for b, item in enumerate(batch.scored.items) if item.part in strong]
