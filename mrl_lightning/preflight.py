@@ -67,8 +67,9 @@ def trainer_errors(*, max_steps: int = 1000, log_every_n_steps: int = 10, eval_e
     for key, value in (("max_steps", max_steps), ("log_every_n_steps", log_every_n_steps),
                        ("eval_every_n_steps", eval_every_n_steps), ("keep_checkpoints", keep_checkpoints),
                        ("devices", devices), ("num_nodes", num_nodes)):
-        if not isinstance(value, int) or value < 1:
-            errors.append(f"trainer.{key}={value!r} must be an integer >= 1.")
+        low, zero = (0, " (0 = no evaluation)") if key == "eval_every_n_steps" else (1, "")  # docs/loop.md
+        if not isinstance(value, int) or value < low:
+            errors.append(f"trainer.{key}={value!r} must be an integer >= {low}{zero}.")
     if eval_num_generations < 0:
         errors.append(f"trainer.eval_num_generations={eval_num_generations} must be >= 0 (0 = greedy only).")
     if checkpoint_every_n_steps < 0:

@@ -91,7 +91,7 @@ class MRLTrainer:
         default_root_dir: Runs are written to ``<default_root_dir>/version_<n>``.
         callbacks: SEE, probes and other hooks, called in list order.
         log_every_n_steps: Scalars are averaged over and logged every this many steps.
-        eval_every_n_steps: Evaluation on held-out prompts (also at start and end).
+        eval_every_n_steps: Evaluation period on held-out prompts (also at start and end); 0 = none at all.
         checkpoint_every_n_steps: Checkpoint period (also at the end); 0 = only at the end.
         keep_checkpoints: How many ``step=*.ckpt`` files to keep (``last.ckpt`` always).
         compress_checkpoints: gzip the checkpoint files (lossless, resume stays exact; ~11%
@@ -282,10 +282,10 @@ class MRLTrainer:
             write_run_files(self.log_dir, self.config_text, model, datamodule)
         self.print(f"Run folder: {self.log_dir}")
         self.fabric.call("on_fit_start", self.ctx, model)
-        if self.global_step == 0:
+        if self.global_step == 0 and self.eval_every_n_steps:
             self._evaluate(model, datamodule)
         self._loop(model, datamodule)
-        if self.global_step % self.eval_every_n_steps:
+        if self.eval_every_n_steps and self.global_step % self.eval_every_n_steps:
             self._evaluate(model, datamodule)
         self.save_checkpoint(model, datamodule)
         self.fabric.call("on_fit_end", self.ctx, model)
@@ -317,7 +317,7 @@ class MRLTrainer:
                     shown.update(logged)
                     window = []
                 progress.update(self.global_step, shown, self.last_eval)
-                if self.global_step % self.eval_every_n_steps == 0:
+                if self.eval_every_n_steps and self.global_step % self.eval_every_n_steps == 0:
                     self._evaluate(model, datamodule)
                     progress.update(self.global_step, shown, self.last_eval)
                 if self.checkpoint_every_n_steps and self.global_step % self.checkpoint_every_n_steps == 0 \

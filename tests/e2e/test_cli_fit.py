@@ -159,3 +159,23 @@ def test_bf16_mixed_update_scores_rollouts_in_its_own_precision(write_config):
         assert low == pytest.approx(1.0, abs=1e-6) and high == pytest.approx(1.0, abs=1e-6), (low, high)
         assert 0.0 <= events.Scalars(f"rollout/{policy}/abs_delta_logp")[0].value < 0.05  # measured and small
         assert events.Scalars(f"train/{policy}/kl_nats")[0].value == pytest.approx(0.0, abs=1e-9)  # policy == reference
+
+
+def test_eval_every_n_steps_zero_turns_evaluation_off_at_the_start_and_the_end_too(write_config, capsys):
+    """``--trainer.eval_every_n_steps 0``: no evaluation at all (a large value evaluates at the start and the end
+    only), as ``checkpoint_every_n_steps: 0`` is accepted; a negative value is refused naming both."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from mrl_lightning.preflight import trainer_errors
+
+    assert trainer_errors(eval_every_n_steps=0) == []
+    assert trainer_errors(eval_every_n_steps=-1) == [
+        "trainer.eval_every_n_steps=-1 must be an integer >= 0 (0 = no evaluation)."]
+    run = _fit(write_config(), "--trainer.eval_every_n_steps", "0")
+    out = capsys.readouterr().out
+    assert "[eval]" not in out and "Done at step 2." in out
+    events = EventAccumulator(str(run))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert "train/gpt2/loss" in tags and not [t for t in tags if t.startswith("eval/")], sorted(tags)
+    assert load_checkpoint(run / "checkpoints" / "last.ckpt", policies=())["counters"]["global_step"] == 2

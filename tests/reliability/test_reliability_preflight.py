@@ -288,7 +288,8 @@ def test_trainer_values_are_read_from_configs_and_overrides_in_their_order(tmp_p
     assert quick_trainer_errors(["fit", "-c", str(a), "--trainer.max_steps=3"], TRAINER_KEYS) == []
     assert quick_trainer_errors(["fit", "--config", str(b), "--trainer.max_steps", "abc",
                                  "--trainer.eval_every_n_steps", "-2"], TRAINER_KEYS) == [
-        "trainer.max_steps='abc' must be an integer >= 1.", "trainer.eval_every_n_steps=-2 must be an integer >= 1."]
+        "trainer.max_steps='abc' must be an integer >= 1.",
+        "trainer.eval_every_n_steps=-2 must be an integer >= 0 (0 = no evaluation)."]
     assert quick_trainer_errors(["fit", "--config", str(b), "--trainer.max_step", "0"], TRAINER_KEYS) == []  # unknown
 
 
