@@ -35,7 +35,7 @@ from typing import Any, BinaryIO, Callable
 import torch
 
 from mrl_lightning.errors import ConfigError
-from mrl_lightning.writable import GZIP_MAGIC, disk_full_in, file_damage, free_space_text
+from mrl_lightning.writable import GZIP_MAGIC, disk_full_in, file_damage, free_space_text, fsync_dir
 
 
 def atomic_save(obj: Any, path: str | Path, compress: bool = False, checkpoint: str | Path | None = None) -> None:
@@ -71,7 +71,8 @@ def atomic_save(obj: Any, path: str | Path, compress: bool = False, checkpoint: 
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], if_full: Callable[[], str]) -> None:
-    """``write(fh)`` to ``path`` atomically: a temporary file in the same folder, flushed to disk, renamed over it.
+    """``write(fh)`` to ``path`` atomically: a temporary file in the same folder, flushed to disk, renamed over
+    it, and the folder flushed so the rename survives a crash (:func:`~mrl_lightning.writable.fsync_dir`).
 
     Args:
         path: Target file; its folder is created.
@@ -85,6 +86,7 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], if_full: C
             write error (the partial file removed too).
     """
     path = Path(path)
+    made = not path.parent.is_dir()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
@@ -94,6 +96,9 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], if_full: C
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+        fsync_dir(path.parent)  # the rename itself on disk (and the folder's own entry, when made here)
+        if made:
+            fsync_dir(path.parent.parent)
     except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -229,16 +234,17 @@ def _load_manifest(path: Path) -> dict[str, Any]:
     return state
 
 
-def checkpoint_step(path: str | Path) -> int:
-    """The global step of the checkpoint at ``path``, read from its manifest alone (no part is read).
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    """The checkpoint at ``path``, its manifest alone: no part is read, nor checked to be there.
 
-    ``mrl fit`` asks it before anything else of a resume: a checkpoint at exactly
-    ``trainer.max_steps`` is a complete run (docs/loop.md, "Resuming: what the config may change").
+    ``mrl fit`` reads its step before anything else of a resume (a checkpoint at exactly
+    ``trainer.max_steps`` is a complete run: docs/loop.md, "Resuming: what the config may change");
+    a save reads the manifests kept beside its own for the parts they name.
 
     Raises:
         CheckpointError: ``path`` is missing, unreadable or not a checkpoint (as :func:`load_checkpoint`).
     """
-    return int(_load_manifest(Path(path).expanduser())["counters"]["global_step"])
+    return _load_manifest(Path(path).expanduser())
 
 
 def checkpoint_policies(state: dict[str, Any]) -> list[str]:
@@ -400,7 +406,7 @@ def check_compatible(state: dict[str, Any], policy_names: list[str], max_steps: 
         CheckpointError: policy names, data parts, a model's family, kind (full / LoRA adapter),
             LoRA ``lora_alpha`` or parameter shapes differ (all differences at once), or ``max_steps``
             is below the checkpoint's step. At exactly its step nothing is refused: the run is complete
-            (:func:`checkpoint_step`; docs/loop.md, "Resuming: what the config may change").
+            (:func:`read_manifest`; docs/loop.md, "Resuming: what the config may change").
     """
     made_with = "its run folder's config.yaml"
     if path is not None:

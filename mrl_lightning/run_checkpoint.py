@@ -35,11 +35,11 @@ from typing import Any, Callable
 import torch
 
 from mrl_lightning.checkpoint import (FORMAT_VERSION, PART_FORMAT, CheckpointError, atomic_save, atomic_write,
-                                       checkpoint_step, load_policy_parts)
+                                       load_policy_parts, read_manifest)
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.mwra import rng_state, set_rng_state
 from mrl_lightning.mwra.sharding import full_state, is_sharded, load_full_state
-from mrl_lightning.writable import write_problem
+from mrl_lightning.writable import fsync_dir, write_problem
 
 
 def check_run_folder(log_dir: str, root_dir: str | None = None) -> None:
@@ -86,7 +86,7 @@ def complete_run_line(ckpt_path: str | None, max_steps: int) -> str | None:
     """
     if not ckpt_path:
         return None
-    step = checkpoint_step(ckpt_path)
+    step = int(read_manifest(ckpt_path)["counters"]["global_step"])
     if step != max_steps:
         return None
     return (f"The run is complete: ckpt_path={str(ckpt_path)!r} is at step {step}, which is trainer.max_steps; "
@@ -185,13 +185,39 @@ def _write(state: dict[str, Any], folder: Path, path: Path, compress: bool, keep
         tmp.unlink()
     os.link(last, tmp)
     os.replace(tmp, path)
+    fsync_dir(folder)
     old = sorted(folder.glob("step=*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
     for stale in old[: -keep]:
         stale.unlink()  # the manifest first: a step file never names a removed part
+    fsync_dir(folder)  # ... also after a crash: the removals are on disk before any part goes
+    remove_orphan_parts(folder, state, int(state["counters"]["global_step"]))
+
+
+def remove_orphan_parts(folder: Path, state: dict[str, Any], step: int) -> None:
+    """Remove the parts folders of this run's checkpoints folder that no manifest names (docs/loop.md, "Checkpoints").
+
+    A removed step's parts, and those a checkpoint killed or stopped after its parts and before its
+    manifest left (``step=<k>.parts/`` with whole parts or a ``.tmp`` one). Never one a manifest in
+    ``folder`` names: ``state``'s (just written), a step file's (by its name) or any other ``*.ckpt``'s
+    (a copy kept by hand: read for its ``parts``; one that cannot be read keeps every folder); nor
+    one of a step at or after ``step``, which only a writer still at work could be filling.
+
+    Args:
+        folder: ``<run folder>/checkpoints``.
+        state: The manifest just written as ``last.ckpt``.
+        step: Its step.
+    """
     named = {Path(entry["file"]).parent.name for entry in state["parts"].values()}
     named |= {f"{p.stem}.parts" for p in folder.glob("step=*.ckpt")}
+    for kept in folder.glob("*.ckpt"):
+        if kept.name != "last.ckpt" and not kept.name.startswith("step="):
+            try:
+                named |= {Path(entry["file"]).parent.name for entry in read_manifest(kept).get("parts", {}).values()}
+            except (CheckpointError, AttributeError, KeyError, TypeError):
+                return  # what it names is unknown: nothing is removed
     for parts in folder.glob("step=*.parts"):
-        if parts.name not in named:  # a removed step's parts, or an interrupted checkpoint's
+        k = parts.name[len("step="):-len(".parts")]
+        if parts.name not in named and k.isdigit() and int(k) < step:
             shutil.rmtree(parts, ignore_errors=True)
 
 

@@ -71,9 +71,9 @@ def file_damage(path: str | os.PathLike) -> tuple[str, str] | None:
 def fsync_dir(folder: str | os.PathLike) -> None:
     """Flush ``folder``'s entries to disk, so that a file renamed, linked or created in it stays after a crash.
 
-    ``os.replace`` and ``os.link`` change the folder, not the file: until the folder is flushed a power
-    cut can undo them on some file systems (ext4 with ``data=writeback``, XFS), leaving the old name or
-    none. A file system that cannot flush a folder (``EINVAL``: some network and FUSE file systems) is
+    ``os.replace`` and ``os.link`` change the folder, not the file: POSIX makes them durable only by an
+    fsync of the folder, and until then a power cut can undo them on some file systems, leaving the old
+    name or none. A file system that cannot flush a folder (``EINVAL``: some network and FUSE file systems) is
     left as it is; any other error is raised.
     """
     fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))

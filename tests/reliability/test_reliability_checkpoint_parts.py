@@ -236,3 +236,54 @@ def test_a_truncated_part_is_named_before_any_build_with_the_earlier_checkpoints
     with pytest.raises(CheckpointError, match=r"no other checkpoint in .* names another step: restore the file from a "
                                               r"copy, or start the run again without --ckpt_path\.$"):
         load_checkpoint(tmp_path / "last.ckpt", policies=())
+
+
+def test_every_rename_of_a_checkpoint_file_is_followed_by_a_flush_of_its_folder(tmp_path, monkeypatch):
+    """A rename is an entry of the folder: until the folder is flushed a crash can undo it on some file systems.
+    Each ``os.replace`` of a part, a manifest or the step file's link is followed by an fsync of its folder (and a
+    new parts folder's by one of the checkpoints folder); the step files' removal is flushed before any part goes."""
+    import stat
+
+    policies = _policies()
+    _save(tmp_path, 1, policies, keep=1)
+    events = []
+    real_fsync, real_replace, real_rmtree, real_unlink = os.fsync, os.replace, shutil.rmtree, Path.unlink
+
+    def fsync(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            events.append(("fsync_dir", Path(os.readlink(f"/proc/self/fd/{fd}"))))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", lambda src, dst: (events.append(("replace", Path(dst))), real_replace(src, dst)))
+    monkeypatch.setattr(shutil, "rmtree", lambda p, **k: (events.append(("rmtree", Path(p))), real_rmtree(p, **k)))
+    monkeypatch.setattr(Path, "unlink", lambda p, *a: (events.append(("unlink", p)), real_unlink(p, *a)))
+    _save(tmp_path, 2, policies, keep=1)
+    monkeypatch.undo()
+    replaced = [i for i, (kind, _) in enumerate(events) if kind == "replace"]
+    assert len(replaced) == 4, events  # two parts, the manifest, the step file's link
+    for i in replaced:
+        assert events[i + 1] == ("fsync_dir", events[i][1].parent), events[i:i + 2]
+    first_part = replaced[0]  # step=2.parts/ was made for it: its entry in the checkpoints folder is flushed too
+    assert events[first_part + 2] == ("fsync_dir", tmp_path), events[first_part:first_part + 3]
+    unlinked = events.index(("unlink", tmp_path / "step=1.ckpt"))
+    removed = events.index(("rmtree", tmp_path / "step=1.parts"))
+    assert ("fsync_dir", tmp_path) in events[unlinked + 1:removed], events[unlinked:removed + 1]
+
+
+def test_a_killed_checkpoints_parts_go_at_the_next_save_but_nothing_a_manifest_names(tmp_path):
+    """Parts folders no manifest names (a checkpoint killed after its parts, before its manifest) are removed
+    at the run's next save; a folder that a manifest kept by hand names stays, and so does one of a later step
+    (it could only be a writer's still at work)."""
+    policies = _policies()
+    _save(tmp_path, 1, policies, keep=1)
+    shutil.copy(tmp_path / "step=1.ckpt", tmp_path / "best.ckpt")  # kept by hand: it names step=1.parts/
+    (tmp_path / "step=2.parts").mkdir()  # killed after one part, and mid-way through the next
+    shutil.copy(tmp_path / "step=1.parts" / "a.pt", tmp_path / "step=2.parts" / "a.pt")
+    (tmp_path / "step=2.parts" / ".b%2Fodd%20name.pt.0123456789ab.tmp").write_bytes(b"\0" * 100)
+    (tmp_path / "step=9.parts").mkdir()
+    _save(tmp_path, 3, policies, keep=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.ckpt", "last.ckpt", "step=1.parts", "step=3.ckpt",
+                                                           "step=3.parts", "step=9.parts"]
+    assert load_checkpoint(tmp_path / "best.ckpt")["counters"]["global_step"] == 1
+    assert load_checkpoint(tmp_path / "last.ckpt")["counters"]["global_step"] == 3
