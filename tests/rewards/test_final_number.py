@@ -72,6 +72,31 @@ def test_math_verify_alone_would_accept_a_hedge_that_ends_with_the_gold():
     assert answers_match(gold, parse_final_answer("The answer is 57 or 58."))
 
 
+# reproduced faults of final-number-v2 (each read wrong there): text -> what it states
+FAULTS = [
+    ("To calculate 4 + 4, we need to add 4 and 4.", None),                      # v2: 4, a mention
+    ("The answer is 5 + 5.", None),                                             # v2: 5, an expression
+    ("So the area is 5 x 5.", None),                                            # v2: 5
+    ("The answer is $\\boxed{2^2}$.", None),                                  # v2: 2
+    ("The answer is $\\boxed{\\sqrt{4}}$.", None),                          # v2: 4
+    (" 4 + 6 = 10. Question: 2 + 2", "10"),                                     # v2: 2, Gemma restarts a question
+    ("The result of 0 * 3 is undefined. This is because 0 is not defined as a number.", None),  # v2: 0, a success
+    ("To calculate 9 * 1, we need to find the smallest even positive integer. Since 9 is the smallest even "
+     "positive integer", None),                                                 # v2: 9, a success for 9 * 1
+    ("10 * 3 = 30\n\nThis is an expression of multiplication with 3 and 10", "30"),  # v2: 10
+    ("4 * 9 = 36, which is the correct answer.", "36"),                         # v2: none
+    ("The answer is 36, which is the product of 4 and 9.", "36"),               # v2: none
+    ("So, 4 * 4 = ", None),                                                     # v2: 4, cut before its result
+    ("To calculate 4 * 4, we need to multiply 4 by itself, which is 16. So, 4 * 4 = ", None),  # v2: 4
+]
+
+
+@pytest.mark.parametrize("text, number", FAULTS)
+def test_a_fault_of_the_old_reader_is_read_as_stated(text, number):
+    """An operand, an expression, a mention or a restarted question is no result; an equation states its value."""
+    assert final_number(text) == number
+
+
 @pytest.mark.parametrize("text", NO_ANSWER)
 def test_a_text_without_an_answer_states_none(text):
     assert final_number(text) is None
@@ -91,7 +116,7 @@ def test_final_number_mode_rewards_the_value_in_words_and_never_a_hedge(add_item
     texts = ["47 + 77 = 124. The answer is 124.", "The sum of 47 and 77 is 124.", " 124", "124 or 125",
              "125 or 124", "The answer is 124 or 125.", "47 + 77 = 123", "We need to add 47 and"]
     assert reward(texts, [add_item] * len(texts)) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
-    assert reward.strict and reward.name == "rg_exact_final_number" and reward.version.endswith("final-number-v2")
+    assert reward.strict and reward.name == "rg_exact_final_number" and reward.version.endswith("final-number-v3")
 
 
 def test_the_default_first_line_mode_is_unchanged(add_item):
