@@ -41,8 +41,8 @@ from lightning.pytorch.cli import LightningArgumentParser
 from mrl_lightning.config_reports import CLASS_KEY as _CLASS_KEY
 from mrl_lightning.config_reports import PARSER_KEY as _PARSER_KEY
 from mrl_lightning.config_reports import TOP_KEY as _TOP_KEY
-from mrl_lightning.config_reports import (config_file_setting, config_paths, error_key, missing_config_line,
-                                          type_message)
+from mrl_lightning.config_reports import (config_file_naming, config_file_setting, config_paths, error_key,
+                                          missing_config_line, type_message)
 
 _BARE_KEY = re.compile(r"^Option '([^']+)' is not accepted")
 _UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
@@ -412,6 +412,13 @@ def _error_first(text: str) -> str:
         return text
     head, error = text[:start], text[start:]
     return error + ("" if error.endswith("\n") else "\n") + head
+
+
+def parsed_file_naming(key: str, index: int, field: str, name: str) -> str | None:
+    """The ``--config`` file of this process's last ``mrl fit`` parse that named ``name`` in ``init_args.<field>``
+    of entry ``index`` of the list ``key`` (:func:`~mrl_lightning.config_reports.config_file_naming`), for a check
+    after the parse to name it; None when none did."""
+    return config_file_naming(_parsed_args, key, index, field, name)
 
 
 _parsed_args: list[str] = []  # the arguments of the parse under way: its error names the config file a key is from

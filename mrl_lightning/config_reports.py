@@ -128,3 +128,21 @@ def missing_config_line(value: str) -> str | None:
         return f"--config {value!r}: no such file; did you mean {' or '.join(map(repr, shown))}?"
     listed = ", ".join(names[:12]) + (" ..." if len(names) > 12 else "")
     return (f"--config {value!r}: no such file; the config files in {str(folder)!r} are: {listed or 'none'}.")
+
+
+def config_file_naming(args: list[str], key: str, index: int, field: str, name: str) -> str | None:
+    """The last ``--config`` file in ``args`` whose list ``key`` (``trainer.callbacks``) holds at ``index`` an entry
+    whose ``init_args.<field>`` names ``name`` (a key of its mapping, or an item of its list); None when none does."""
+    where = None
+    for path in config_paths(args):
+        try:
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        entries = _values(data, key.split("."))
+        entries = entries[0] if len(entries) == 1 and isinstance(entries[0], list) else []
+        entry = entries[index] if index < len(entries) and isinstance(entries[index], dict) else {}
+        value = (entry.get("init_args") or {}).get(field) if isinstance(entry.get("init_args"), dict) else None
+        if isinstance(value, (dict, list)) and name in value:
+            where = path
+    return where

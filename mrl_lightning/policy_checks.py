@@ -25,6 +25,7 @@ Two things can make a policy unable to see its question, and neither raises on i
 
 from __future__ import annotations
 
+import difflib
 import os
 import warnings
 from pathlib import Path
@@ -223,6 +224,30 @@ def tokenizer_errors(policy, source: str) -> list[str]:
     errors = prompt_collision_errors(policy)  # two questions, one prompt: template or truncation
     if errors:
         policy.tokenizer = None
+    return errors
+
+
+def part_errors(policy, index: int, parts: list[str] | None) -> list[str]:
+    """``strong_parts`` naming a part the data does not have (``parts``: the data's part names; None = not known,
+    nothing checked). Such a part was never drawn: every part of the data counted as the policy's weak one, and
+    its ``..._strong`` log tags stayed empty, without a word.
+
+    Args:
+        policy: The policy (its ``strong_parts`` as configured).
+        index: Its place in ``model.policies`` (named in the message).
+        parts: The data's part names, in order.
+
+    Returns:
+        One message per unknown part, naming the policy, the field, the part, the data's parts and the nearest.
+    """
+    if parts is None or not policy.strong_parts:
+        return []
+    errors = []
+    for part in [x for x in policy.strong_parts if x not in parts]:
+        near = difflib.get_close_matches(part, parts, n=1, cutoff=0.4)
+        errors.append(f"policy {policy.policy_name!r}: model.policies[{index}].init_args.strong_parts names part "
+                      f"{part!r}, which is not a part of the data; the data's parts (data.init_args.parts names) are "
+                      f"{parts}. Name one of them" + (f", e.g. {near[0]!r}." if near else "."))
     return errors
 
 

@@ -8,8 +8,11 @@ so ``mrl fit`` stops with status 2 within seconds instead of minutes into a warm
 after every rank has built its models:
 
 1. the placement of policies on ranks (:func:`~mrl_lightning.mwra.build_placement`);
-2. each callback's own checks and the services callbacks need from each other;
-3. each recipe's checks against the data (``warm_start_part`` among the data parts, a cache
+2. the services callbacks need from each other, a probe that shares with nobody (one policy) and a
+   per-policy probe option naming no policy (:func:`~mrl_lightning.callbacks.base.sharing_errors`), then each
+   callback's own checks;
+3. each policy's ``strong_parts`` among the data parts (:func:`~mrl_lightning.policy_checks.part_errors`),
+   each recipe's checks against the data (``warm_start_part`` among the data parts, a cache
    it can write when its model is not built yet: :meth:`ModelRecipe.config_errors
    <mrl_lightning.model_source.ModelRecipe.config_errors>`) and each policy's model config
    counted on the meta device (LoRA target modules);
@@ -37,14 +40,16 @@ from typing import Any
 from lightning.fabric import Fabric
 
 from mrl_lightning.builders import plan_shapes
-from mrl_lightning.callbacks.base import service_errors
+from mrl_lightning.callbacks.base import service_errors, sharing_errors
 from mrl_lightning.checkpoint import check_compatible, load_checkpoint
+from mrl_lightning.config_keys import parsed_file_naming
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.model_source import ModelRecipe
 from mrl_lightning.mwra import PLACEMENTS, Placement, build_placement
 from mrl_lightning.mwra.plan import plan_resources
 from mrl_lightning.mwra.sharding import sharding_errors
 from mrl_lightning.mwra.strategy import PolicyGroupsStrategy
+from mrl_lightning.policy_checks import part_errors
 from mrl_lightning.run_checkpoint import check_run_folder
 
 
@@ -378,10 +383,14 @@ def check_before_build(trainer, model, datamodule, ckpt_path: str | None) -> Che
     fabric = trainer.fabric
     placement = build_placement(trainer.placement_mode, trainer.policy_ranks, list(policies), fabric.world_size)
     trainer.ctx.placement = placement
-    _raise("Invalid callbacks config", service_errors(trainer.callbacks)
-           + [e for cb in trainer.callbacks for e in cb.config_errors(trainer.ctx, model)])
-    errors = [e for p in policies.values() if isinstance(p.model_source, ModelRecipe)
-              for e in p.model_source.config_errors(p, datamodule)]
+    _raise("Invalid callbacks config", service_errors(trainer.callbacks) + sharing_errors(
+        trainer.callbacks, list(policies), lambda i, field, name: parsed_file_naming("trainer.callbacks", i, field,
+                                                                                       name)))  # before the probes' own
+    _raise("Invalid callbacks config", [e for cb in trainer.callbacks for e in cb.config_errors(trainer.ctx, model)])
+    parts = [part.name for part in datamodule.parts] if isinstance(getattr(datamodule, "parts", None), list) else None
+    errors = [e for i, p in enumerate(policies.values()) for e in part_errors(p, i, parts)]
+    errors += [e for p in policies.values() if isinstance(p.model_source, ModelRecipe)
+               for e in p.model_source.config_errors(p, datamodule)]
     shapes, shape_errors = plan_shapes(policies, datamodule)  # configs only (LoRA on the meta device)
     shape_errors += sharding_errors(placement, policies, datamodule.batch_size)
     _raise("Invalid policy config", errors + shape_errors)

@@ -39,6 +39,7 @@ Callbacks with state implement ``state_dict`` / ``load_state_dict``; their
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from mrl_lightning.thl import prepare
@@ -153,6 +154,50 @@ def service_errors(callbacks: list) -> list[str]:
                 errors.append(f"{type(cb).__name__} (trainer.callbacks[{index}]) needs {service!r}, which no earlier "
                               f"callback provides: {fix} (callbacks/*.yaml list both).")
         provided.update(getattr(cb, "provides", ()))
+    return errors
+
+
+PER_POLICY_FIELDS = ("lambda_per_policy", "receivers", "sources")
+"""The probe options whose values name policies (a mapping by name, or a list of names)."""
+
+
+def sharing_errors(callbacks: list, policies: list[str],
+                   source: Callable[[int, str, str], str | None] = lambda index, field, name: None) -> list[str]:
+    """Probe settings that cannot mean anything in this run, found before any model is built (docs/probes.md).
+
+    - A probe that reads other policies' experience (it :attr:`~MRLCallback.requires` the ``exchange``:
+      SGT, PRP, XGRPO) in a run of one policy: it would share with nobody, and the run would go on as
+      plain GRPO without a word. Refused; the control without sharing is ``callbacks/none.yaml``.
+    - A per-policy option (:data:`PER_POLICY_FIELDS`) naming a policy that is not in ``model.policies``
+      (a snippet tuned for another config's policies, a typo).
+
+    Args:
+        callbacks: ``trainer.callbacks``, in list order.
+        policies: The names of ``model.policies``, in order.
+        source: ``(index in trainer.callbacks, field, policy name)`` -> the config file that set that
+            name there, or None (the command line, or unknown); named in the message.
+
+    Returns:
+        One message per problem, naming the field, the value and the fix.
+    """
+    errors = []
+    for index, cb in enumerate(callbacks):
+        name = type(cb).__name__
+        if "exchange" in getattr(cb, "requires", ()) and len(policies) < 2:
+            errors.append(f"trainer.callbacks[{index}]: {name} shares experience between policies, but "
+                          f"model.policies has {len(policies)} ({policies}): it would share nothing and the run "
+                          "would be plain GRPO. Add a policy to model.policies, or use the control without "
+                          "sharing, callbacks/none.yaml.")
+            continue
+        for field_name in PER_POLICY_FIELDS:
+            for unknown in [n for n in (getattr(cb, field_name, None) or []) if n not in policies]:
+                where = source(index, field_name, unknown)
+                fix = (f"; {where!r} was written for another config's policies" if where and
+                       Path(where).parent.name == "callbacks" else "")
+                errors.append((f"config file {where!r}: " if where else "")
+                              + f"trainer.callbacks[{index}].init_args.{field_name} of {name} names policy "
+                              f"{unknown!r}, which is not in model.policies {policies}: remove {unknown!r} from "
+                              f"{field_name}, or name one of {policies}{fix}.")
     return errors
 
 

@@ -109,11 +109,38 @@ def test_sgt_without_exchange_is_a_clear_error(write_config, capsys):
     assert "SharedExperienceExchange" in capsys.readouterr().err
 
 
+PER_POLICY_KEYS = ("lambda_per_policy", "receivers", "sources")
+"""Options of the probes whose values name policies: a snippet of callbacks/ stacks on any config, so it names
+none (sgt.yaml leaves ``lambda_per_policy`` to the config below)."""
+
+
 def test_default_config_uses_the_sgt_snippet_callbacks_verbatim():
-    """default.yaml's probe settings and callbacks/sgt.yaml must not drift apart."""
+    """default.yaml's probe settings and callbacks/sgt.yaml must not drift apart (but for the per-policy
+    values, which only the config that names the policies sets)."""
     default = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())["trainer"]["callbacks"]
     sgt = yaml.safe_load((REPO / "callbacks" / "sgt.yaml").read_text())["trainer"]["callbacks"]
+    assert default[1]["init_args"].pop("lambda_per_policy") == {"llama": 1.0}
     assert default == sgt
+
+
+@pytest.mark.parametrize("snippet", SNIPPETS, ids=lambda p: p.name)
+def test_a_snippet_names_no_policy(snippet):
+    """callbacks/sgt.yaml said ``lambda_per_policy: {llama: 1.0}``: stacked on configs/real_small.yaml it named a
+    policy that config does not have, and the run stopped."""
+    for callback in yaml.safe_load(snippet.read_text())["trainer"]["callbacks"]:
+        named = {k: v for k, v in (callback.get("init_args") or {}).items() if k in PER_POLICY_KEYS and v}
+        assert not named, f"{snippet.name}: {callback['class_path']} names policies: {named}"
+
+
+def test_the_sgt_snippet_stacks_on_the_real_config_and_keeps_the_defaults_per_policy_value(capsys):
+    def callbacks(*configs):
+        with pytest.raises(SystemExit):
+            main(["fit", *[a for c in configs for a in ("--config", str(REPO / c))], "--print_config"])
+        return yaml.safe_load(capsys.readouterr().out)["trainer"]["callbacks"]
+
+    real = callbacks("configs/real_small.yaml", "callbacks/sgt.yaml")[1]
+    assert real["class_path"].endswith("SuccessGatedTransfer") and not real["init_args"]["lambda_per_policy"]
+    assert callbacks("configs/default.yaml", "callbacks/sgt.yaml") == callbacks("configs/default.yaml")
 
 
 @pytest.mark.parametrize("key,value,expected", [
@@ -147,6 +174,8 @@ def test_a_stacked_snippet_carries_no_option_over_from_the_config_below(snippet,
         module, name = got["class_path"].rsplit(".", 1)
         defaults = {k: p.default for k, p in inspect.signature(getattr(importlib.import_module(module), name)).parameters.items()}
         for key, value in (got.get("init_args") or {}).items():
+            if key in PER_POLICY_KEYS and key not in (want.get("init_args") or {}):
+                continue  # left to the config below, which names the policies
             expected = (want.get("init_args") or {}).get(key, defaults.get(key))
             assert value == expected, f"{snippet.name}: {name}.{key} = {value!r}, but the snippet says {expected!r}"
 

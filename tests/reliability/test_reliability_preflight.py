@@ -54,6 +54,50 @@ def test_warm_start_part_naming_no_data_part_is_refused_before_any_build(write_t
             "(data.parts names) are ['add', 'sub']. Set warm_start_part to one of them, e.g. 'add'.") in err
 
 
+@pytest.mark.parametrize("probe", ["SuccessGatedTransfer", "PeerRolloutPooling", "CrossPolicyAdvantage"])
+def test_a_sharing_probe_with_one_policy_is_refused_naming_the_probe_and_the_fix(write_tiny_config, no_model_build,
+                                                                                 capsys, probe):
+    """It ran as plain GRPO: 0 transfers, and nothing said why."""
+    def modify(c):
+        c["model"]["policies"] = c["model"]["policies"][:1]
+        c["trainer"]["callbacks"][1] = {"class_path": f"mrl_lightning.callbacks.{probe}"}
+        if probe != "SuccessGatedTransfer":  # what PRP and XGRPO read (their own config check)
+            c["trainer"]["callbacks"][0].setdefault("init_args", {}).update(record_types=["rollout", "group_stats"],
+                                                             max_staleness=0)
+
+    err = _refused(capsys, "--config", str(write_tiny_config(modify=modify)))
+    assert (f"trainer.callbacks[1]: {probe} shares experience between policies, but model.policies has 1 (['gpt2']): "
+            "it would share nothing and the run would be plain GRPO. Add a policy to model.policies, or use the "
+            "control without sharing, callbacks/none.yaml.") in err
+
+
+def test_a_per_policy_probe_value_naming_no_policy_names_the_field_and_the_file(write_tiny_config, no_model_build,
+                                                                                capsys, tmp_path):
+    """``--config configs/real_small.yaml --config callbacks/sgt.yaml`` (before sgt.yaml left the per-policy value
+    to the config below) said only "SuccessGatedTransfer names policy 'llama'": neither the field nor the file."""
+    snippet = tmp_path / "callbacks" / "my_sgt.yaml"
+    snippet.parent.mkdir()
+    snippet.write_text("trainer:\n  callbacks:\n    - class_path: mrl_lightning.callbacks.SharedExperienceExchange\n"
+                       "    - class_path: mrl_lightning.callbacks.SuccessGatedTransfer\n"
+                       "      init_args: {lambda_per_policy: {lama: 1.0}}\n")
+    err = _refused(capsys, "--config", str(write_tiny_config()), "--config", str(snippet))
+    assert (f"config file {str(snippet)!r}: trainer.callbacks[1].init_args.lambda_per_policy of SuccessGatedTransfer "
+            "names policy 'lama', which is not in model.policies ['gpt2', 'llama']: remove 'lama' from "
+            "lambda_per_policy, or name one of ['gpt2', 'llama']; "
+            f"{str(snippet)!r} was written for another config's policies.") in err
+    assert err.count("names policy 'lama'") == 1  # the probe's own, vaguer line is not added
+
+
+def test_strong_parts_naming_no_data_part_is_refused_naming_the_policy_the_part_and_the_parts(
+        write_tiny_config, no_model_build, capsys):
+    """Such a part was never drawn: every part counted as weak, the strong tags stayed empty, no word."""
+    config = write_tiny_config(modify=lambda c: c["model"]["policies"][1]["init_args"].update(strong_parts=["subb"]))
+    err = _refused(capsys, "--config", str(config))
+    assert ("policy 'llama': model.policies[1].init_args.strong_parts names part 'subb', which is not a part of the "
+            "data; the data's parts (data.init_args.parts names) are ['add', 'sub']. Name one of them, e.g. 'sub'.") \
+        in err
+
+
 def test_run_folder_that_cannot_be_written_is_refused_before_any_build(write_tiny_config, no_model_build, capsys,
                                                                         tmp_path):
     blocker = tmp_path / "a_file"
