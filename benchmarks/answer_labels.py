@@ -14,7 +14,7 @@ reader (rules: docs/answers.md, "The labelled set"), and the labelled file is
 ``tests/rewards/data/real_completions.jsonl``. With ``--relabel-from`` the labels of rows with the same
 (model, part, pass, question, completion) are carried over from an earlier labelled file.
 
-One torch thread (the machine is shared); about 3 minutes on a 2-core Xeon once the models are converted
+One torch thread (the machine is shared); about 6 minutes on a 2-core Xeon once the models are converted
 (the first load converts each GGUF file into the model cache, about 1.5 minutes).
 """
 
