@@ -19,7 +19,8 @@ from mrl_lightning.config_keys import MRLArgumentParser
 from mrl_lightning.data.stream import PromptDataModule
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.lifeline import is_launched_worker
-from mrl_lightning.preflight import policy_override_notes, quick_policy_errors, quick_trainer_errors, trainer_errors
+from mrl_lightning.preflight import (policy_override_notes, quick_package_errors, quick_policy_errors,
+                                    quick_trainer_errors, trainer_errors)
 from mrl_lightning.system import MutualRL
 from mrl_lightning.trainer import MRLTrainer
 
@@ -65,12 +66,14 @@ class MRLCLI(LightningCLI):
         A bad ``--trainer.*`` value, or a policy's own value (GRPO, sampling, engine, LoRA
         options), given in a ``--config`` file or as an override, is reported without waiting
         for the parse of the whole config (:func:`mrl_lightning.preflight.quick_trainer_errors`,
-        :func:`~mrl_lightning.preflight.quick_policy_errors`); the parsed values are checked
-        again when the classes are built.
+        :func:`~mrl_lightning.preflight.quick_policy_errors`), and so is every policy's missing package
+        (:func:`~mrl_lightning.preflight.quick_package_errors`); the parsed values are checked again when the
+        classes are built.
 
         Raises:
             ConfigError: a trainer or policy value is out of range or of the wrong kind
-                (docs/reliability.md, row 46).
+                (docs/reliability.md, row 46), or a policy's model needs a package not installed
+                (docs/real_models.md, "Installing").
         """
         if args is None or isinstance(args, list):
             keys = set(inspect.signature(MRLTrainer.__init__).parameters) - {"self"}
@@ -81,6 +84,9 @@ class MRLCLI(LightningCLI):
             found = quick_policy_errors(argv)
             if found:  # worded as PolicyModule words them when it is built
                 raise ConfigError(f"Invalid config for policy {found[0]!r}:\n  - " + "\n  - ".join(found[1]))
+            missing = quick_package_errors(argv)  # every policy's, where building them stops at the first
+            if missing:
+                raise ConfigError("Missing packages of the policies' models:\n  - " + "\n  - ".join(missing))
             if not is_launched_worker():  # the launcher says it once
                 for note in policy_override_notes(argv):
                     print(note, file=sys.stderr, flush=True)

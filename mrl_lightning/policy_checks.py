@@ -227,19 +227,29 @@ def tokenizer_errors(policy, source: str) -> list[str]:
     return errors
 
 
-def part_errors(policy, index: int, parts: list[str] | None) -> list[str]:
-    """``strong_parts`` naming a part the data does not have (``parts``: the data's part names; None = not known,
-    nothing checked). Such a part was never drawn: every part of the data counted as the policy's weak one, and
-    its ``..._strong`` log tags stayed empty, without a word.
-
-    Args:
-        policy: The policy (its ``strong_parts`` as configured).
-        index: Its place in ``model.policies`` (named in the message).
-        parts: The data's part names, in order.
-
-    Returns:
-        One message per unknown part, naming the policy, the field, the part, the data's parts and the nearest.
+def package_errors(models: list[tuple[str, object]]) -> list[str]:
+    """What this environment lacks for each ``(policy name, model value)``: a packaged model's distribution,
+    a GGUF file, the ``gguf`` package (:meth:`GGUFModel.source_errors
+    <mrl_lightning.gguf.GGUFModel.source_errors>`), every policy's at once; each line names the policy, the value
+    and the install command (docs/real_models.md, "Installing"). Other values give nothing here.
     """
+    from mrl_lightning.gguf import model_from_string
+
+    errors = []
+    for name, model in models:
+        try:
+            source = model_from_string(model) if isinstance(model, str) else None
+        except ValueError:  # ConfigError: an unknown pypi: name, which the policy's own check words
+            continue
+        if isinstance(source, ModelRecipe):
+            errors.extend(source.source_errors(f"policy {name!r}"))
+    return errors
+
+
+def part_errors(policy, index: int, parts: list[str] | None) -> list[str]:
+    """One message per part of ``policy``'s ``strong_parts`` that the data lacks (``parts``: its part names; None =
+    not known), naming the policy (``index`` in ``model.policies``), the part and the data's parts. Such a part was
+    never drawn: every part counted as the policy's weak one, its ``_strong`` log tags stayed empty, no word."""
     if parts is None or not policy.strong_parts:
         return []
     errors = []

