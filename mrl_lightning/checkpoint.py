@@ -125,8 +125,7 @@ class CheckpointError(ConfigError):
 
 
 def _read(path: Path, what: str, manifest: Path | None = None, step: int | None = None) -> Any:
-    """``torch.load`` (weights-only) of a plain or gzipped file; any failure is a :class:`CheckpointError`
-    (:func:`_unreadable`: ``manifest`` and ``step`` are the checkpoint a part belongs to)."""
+    """``torch.load`` (weights-only) of a plain or gzipped file; any failure is :func:`_unreadable`'s error."""
     try:
         return _torch_load(path)
     except FileNotFoundError:
@@ -150,10 +149,10 @@ def _unreadable(path: Path, what: str, manifest: Path, step: int | None, exc: Ex
     and the checkpoints of its folder to resume from instead, those that do not name this file
     (docs/reliability.md, "Checkpoints and the exchange log")."""
     damage = file_damage(path)
-    if damage is not None and damage[0] == "foreign":
-        return CheckpointError(f"{what} is not a checkpoint of mrl-lightning: {damage[1]}; a checkpoint is what mrl fit "
-                               "writes in <run folder>/checkpoints/ (last.ckpt or step=<k>.ckpt), a torch.save file, "
-                               "plain or gzipped. Give --ckpt_path one of those.")
+    if damage is not None and damage[0] == "foreign" and step is None:  # the manifest given: no part of ours
+        return CheckpointError(f"{what} is not a checkpoint of mrl-lightning: {damage[1]}; a checkpoint is what mrl "
+                               "fit writes in <run folder>/checkpoints/ (last.ckpt or step=<k>.ckpt), a torch.save "
+                               "file, plain or gzipped. Give --ckpt_path one of those.")
     if damage is not None:
         why = damage[1]
     else:  # whole as a file, yet torch could not read it
@@ -173,10 +172,11 @@ def _unreadable(path: Path, what: str, manifest: Path, step: int | None, exc: Ex
                                "that names another step: restore the file from a copy, or start the run again "
                                "without --ckpt_path.")
     others.sort(key=lambda o: (o[0], o[1].name != "last.ckpt"))
-    names = ", ".join(o[1].name for o in others)
     which = "that do not name this part" if step is not None else "besides this one"
-    return CheckpointError(f"{what} cannot be read: {why}. Resume from an earlier checkpoint: --ckpt_path "
-                           f"{others[-1][1]} (the readable checkpoints in its folder {which}: {names}).")
+    earlier = "an earlier" if step is not None and others[-1][0] < step else "another"
+    return CheckpointError(f"{what} cannot be read: {why}. Resume from {earlier} checkpoint: --ckpt_path "
+                           f"{others[-1][1]} (the readable checkpoints in its folder {which}: "
+                           f"{', '.join(o[1].name for o in others)}).")
 
 
 def load_checkpoint(path: str | Path, policies: list[str] | tuple[str, ...] | None = None) -> dict[str, Any]:

@@ -51,7 +51,8 @@ def file_damage(path: str | os.PathLike) -> tuple[str, str] | None:
             except (OSError, zlib.error) as exc:
                 return "damaged", f"its gzip stream is corrupted ({exc})"
             if inner != ZIP_MAGIC:
-                return "foreign", f"it is gzipped, but what it holds begins with {inner!r}, not as a torch.save file does"
+                return "foreign", (f"it is gzipped, but what it holds begins with {inner!r}, not as a torch.save "
+                                   "file does")
             return None
         if head == ZIP_MAGIC:
             try:
