@@ -67,6 +67,8 @@ class PolicyPlacement:
         checkpoint_gib: Its part of a checkpoint (kept weights and AdamW moments), GiB.
         peak: The phase of its largest transient (``update``, ``optimizer step``, ``sampling``,
             ``evaluation``, ``checkpoint``: :func:`~mrl_lightning.mwra.memory.largest_transient`).
+        settings: The policy's settings the estimate grows with (``max_completion_length=32,
+            num_generations=4, ...``), named when the plan does not fit (:func:`validate_resources`).
     """
 
     policy: str
@@ -85,6 +87,7 @@ class PolicyPlacement:
     tokenizer_gib: float = 0.0
     checkpoint_gib: float = 0.0
     peak: str = "?"
+    settings: str = ""
 
 
 def build_plan(
@@ -135,9 +138,20 @@ def build_plan(
             size_is_bound=bool(getattr(policies[name], "builds_from_recipe", False)),
             memory=memory_options(policies[name], shape, len(ranks)),
             tokenizer_gib=terms.get("tokenizer", 0.0) / GIB, checkpoint_gib=terms.get("checkpoint", 0.0) / GIB,
-            peak=phase,
+            peak=phase, settings=memory_settings(policies[name], batch_size, len(ranks)),
         ))
     return rows
+
+
+def memory_settings(policy, batch_size: int, ranks: int) -> str:
+    """The settings of ``policy`` its memory estimate grows with, as a config writes them: the completion length
+    and prompts' (sampling's KV cache, the update's activations), the group size, the prompts per step (split over
+    its ``ranks``) and the update's micro-batch (docs/mwra.md, "The memory model")."""
+    get = lambda key: "null" if (v := getattr(policy, key, "?")) is None else v  # noqa: E731 - as YAML writes it
+    per_rank = f" ({-(-batch_size // ranks)} per rank)" if ranks > 1 else ""
+    return (f"max_completion_length={get('max_completion_length')}, max_prompt_length={get('max_prompt_length')}, "
+            f"num_generations={get('num_generations')}, data.batch_size={batch_size}{per_rank}, "
+            f"micro_batch_size={get('micro_batch_size')}")
 
 
 def memory_options(policy, shape: ModelShape | None, shards: int = 1) -> str:
@@ -228,9 +242,13 @@ def validate_resources(
             need = max(worker_memory_gib(rows, rank, 0.0) for rank in range(placement.world_size))
             where = f"one {device} device's {device_memory_gib:.1f} GiB"
         if need > device_memory_gib:
-            errors.append(f"the plan needs an estimated {need:.1f} GiB but {where}; use more devices "
-                          "(--trainer.devices, trainer.policy_ranks), a smaller micro_batch_size, lower "
-                          "precision, or smaller models.")
+            big = max((r for r in rows if r.memory_gib is not None), key=lambda r: r.memory_gib, default=None)
+            who = (f"; policy {big.policy!r} takes {big.memory_gib:.1f} GiB of it at its peak ({big.peak}), driven by "
+                   f"{big.settings}: lower max_completion_length, num_generations or data.batch_size, or set "
+                   f"micro_batch_size, for model.policies '{big.policy}'," if big is not None and big.settings
+                   else "; lower max_completion_length, num_generations or data.batch_size, set micro_batch_size,")
+            errors.append(f"the plan needs an estimated {need:.1f} GiB but {where}{who} or use more devices "
+                          "(--trainer.devices, trainer.policy_ranks), lower precision, or smaller models.")
     if errors:
         raise ConfigError("Invalid resource plan (MWRA):\n  - " + "\n  - ".join(errors))
 

@@ -111,6 +111,28 @@ def test_memory_over_a_known_device_size_is_refused():
         _validate(device_memory_gib=0.5)
 
 
+def test_memory_over_the_device_names_the_policy_and_the_settings_that_drive_the_estimate():
+    """"needs 403.9 GiB" named neither the policy nor the fields that made it so."""
+    from types import SimpleNamespace
+
+    from mrl_lightning.mwra.plan import build_plan
+
+    shape = ModelShape("llama", params=135_000_000, vocab=49_152, hidden=576, layers=30, heads=9)
+    policies = {name: SimpleNamespace(num_generations=4, micro_batch_size=None, max_prompt_length=64, beta=0.0,
+                                      max_completion_length=length, use_peft=False, gradient_checkpointing=False)
+                for name, length in (("gpt2", 32), ("llama", 200_000))}
+    placement = build_placement("disjoint", None, NAMES, 2)
+    rows = build_plan(placement, dict.fromkeys(NAMES, shape), policies, 4, "cpu", "s", "32-true", 1)
+    with pytest.raises(ConfigError) as info:
+        validate_resources(rows, placement, device="cpu", devices_per_node=2, available_devices=None, cores=2,
+                           threads=1, threads_given=True, batch_size=4, framework_gib=0.5, device_memory_gib=64.0)
+    line = next(x for x in str(info.value).splitlines() if "needs an estimated" in x)
+    assert "but this node's 64.0 GiB of RAM; policy 'llama' takes " in line
+    assert ("driven by max_completion_length=200000, max_prompt_length=64, num_generations=4, data.batch_size=4, "
+            "micro_batch_size=null: lower max_completion_length, num_generations or data.batch_size, or set "
+            "micro_batch_size, for model.policies 'llama', or use more devices") in line
+
+
 def test_a_group_larger_than_the_batch_is_refused():
     with pytest.raises(ConfigError, match="data.batch_size=1"):
         validate_resources(_rows(((0, 1), (0, 1))), build_placement("colocated", None, NAMES, 2), device="cpu",
