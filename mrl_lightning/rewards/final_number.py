@@ -24,7 +24,8 @@ finds the text's *statements of a result* and keeps the last one of the most exp
    statement is the completion's result, and an earlier one is not taken instead.
 
 The value is written canonically (``"57"``, ``"-12"``, ``"1234"``, ``"12.5"``). Nothing is evaluated:
-an expression is no result, so no sympy or math-verify runs here (no timer, any thread). None is "no
+an expression is no result, so no sympy or math-verify runs here (no timer, any thread), and a
+statement's subject or sentence is looked for within 300 characters, so a long text reads in linear time. None is "no
 answer": the reward is 0, never partial. Agreement with hand labels of real completions of both real
 models: docs/answers.md, "The labelled set".
 """
@@ -65,12 +66,14 @@ _WEAK = re.compile(rf"\b(?:which\s+(?:is|was|gives(?:\s+us)?|equals|makes|result
 _IS = re.compile(rf"\b(?:is|are|was)(?:\s+(?:calculated|computed)\s+(?:as|to\s+be))?{_ADVERB}\b", re.IGNORECASE)
 _RESULT_NOUN = re.compile(r"\b(?:sum|product|result|total|difference|value|answer)\b", re.IGNORECASE)
 _CLAUSE_START = re.compile(r".*(?:[.!?;:,\n]|\bwhich\b|\bthat\b|\bso\b)", re.DOTALL | re.IGNORECASE)
+_SPACE = re.compile(r"\s*")
+_WINDOW = 300  # characters a statement's subject or sentence is looked for in (keeps long texts linear)
 _NO_VALUE = object()  # a statement whose value is missing, an expression, a word or a hedge
 
 
 def _value_at(text: str, pos: int) -> str | object:
     """The number that starts at ``pos`` (after white space) and is the whole value, or :data:`_NO_VALUE`."""
-    match = _NUMBER.match(text, pos + len(text[pos:]) - len(text[pos:].lstrip()))
+    match = _NUMBER.match(text, _SPACE.match(text, pos).end())
     if not match or _AFTER_BAD.match(text, match.end()):
         return _NO_VALUE
     return match.group(0)
@@ -101,14 +104,14 @@ def _answer_statements(text: str) -> list[tuple[int, str | object]]:
     """Rank b: (position, value) of each answer anchor."""
     out = []
     for m in _ANCHOR_ANSWER.finditer(text):
-        rest = text[m.end():].lstrip()
-        eq_sentence = _SENTENCE_END.split(rest, maxsplit=1)[0]
-        if _EXPR.match(eq_sentence.split("=")[0].strip() + " ") or ("=" in eq_sentence and _EXPR.search(eq_sentence)):
-            out.append((m.start(), _sentence_value(rest)))  # "The answer is: 4 * 9 = 36." or "... is 5 + 5."
+        start = _SPACE.match(text, m.end()).end()
+        sentence = _SENTENCE_END.split(text[start:start + _WINDOW], maxsplit=1)[0]
+        if "=" in sentence:  # "The answer is: 4 * 9 = 36."
+            out.append((m.start(), _value_at(sentence, sentence.rfind("=") + 1)))
         else:
             out.append((m.start(), _value_at(text, m.end())))
     for m in _NUMBER_IS_ANSWER.finditer(text):
-        before = text[:m.start()].rstrip()
+        before = text[max(0, m.start() - _WINDOW):m.start()].rstrip()
         expression = before != "" and before[-1] in "+-*/^\u00d7\u00f7"  # "5 + 5 is the answer"
         out.append((m.start(), _NO_VALUE if expression else m.group(1)))
     return out
@@ -119,24 +122,19 @@ def _computed_statements(text: str) -> list[tuple[int, str | object]]:
     out = []
     for m in _STRONG.finditer(text):
         if m.group(0) == "=":
-            start = max(text.rfind("=", 0, m.start()) + 1, _sentence_start(text, m.start()))
+            start = max(text.rfind("=", max(0, m.start() - _WINDOW), m.start()) + 1, _sentence_start(text, m.start()))
             if not _EXPR.search(text[start:m.start()]):
                 continue  # "0 = 1", "10:09 = 9": no computation on the left
         out.append((m.start(), _value_at(text, m.end())))
     for m in _WEAK.finditer(text):
-        value = _value_at(text, m.end())
-        if value is not _NO_VALUE or not text[m.end():].strip():  # a number, or cut right after the verb
-            out.append((m.start(), value))
+        if _number_or_cut(text, m.end()):  # "which is the associative property" states nothing
+            out.append((m.start(), _value_at(text, m.end())))
     for m in _IS.finditer(text):
-        clause = text[:m.start()]
+        clause = text[max(0, m.start() - _WINDOW):m.start()]
         head = _CLAUSE_START.match(clause)
         subject = clause[head.end():] if head else clause
-        if not (_EXPR.search(subject) or _RESULT_NOUN.search(subject)):
-            continue  # "9 is the smallest ...", "Addition of numbers is 2 times 2"
-        value = _value_at(text, m.end())
-        if _NUMBER.match(text, m.end() + len(text[m.end():]) - len(text[m.end():].lstrip())) or \
-                not text[m.end():].strip():
-            out.append((m.start(), value))  # a number (maybe an expression's first), or cut right after "is"
+        if (_EXPR.search(subject) or _RESULT_NOUN.search(subject)) and _number_or_cut(text, m.end()):
+            out.append((m.start(), _value_at(text, m.end())))  # not "9 is the smallest ...", "... is undefined"
     lead = _LEADING.match(text)
     if lead:
         fine = _LEADING_END.match(text, lead.end()) and not _AFTER_BAD.match(text, lead.end())
@@ -144,10 +142,16 @@ def _computed_statements(text: str) -> list[tuple[int, str | object]]:
     return out
 
 
+def _number_or_cut(text: str, pos: int) -> bool:
+    """Whether a number (maybe an expression's first) follows ``pos``, or the text ends there (cut)."""
+    start = _SPACE.match(text, pos).end()
+    return start == len(text) or bool(_NUMBER.match(text, start))
+
+
 def _sentence_start(text: str, pos: int) -> int:
     """Where the sentence holding ``pos`` starts."""
-    ends = [m.end() for m in _SENTENCE_END.finditer(text, 0, pos)]
-    return ends[-1] if ends else 0
+    ends = [m.end() for m in _SENTENCE_END.finditer(text, max(0, pos - _WINDOW), pos)]
+    return ends[-1] if ends else max(0, pos - _WINDOW)
 
 
 def stated_result(completion: str) -> str | None:
