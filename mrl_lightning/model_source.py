@@ -14,6 +14,40 @@ from pathlib import Path
 from typing import Callable
 
 
+SENTENCEPIECE_FAMILIES = ("llama", "mistral", "gemma", "gemma2", "gemma3", "gemma3_text", "t5", "mt5", "qwen2_moe")
+"""Model types whose slow tokenizer is a SentencePiece ``tokenizer.model`` (the others': ``vocab.json`` +
+``merges.txt``), for :func:`tokenizer_files_problem`'s message."""
+
+
+def tokenizer_files_problem(folder: str | Path) -> str | None:
+    """Why a model folder cannot give its tokenizer: it holds none of a tokenizer's files (``tokenizer.json``, a
+    SentencePiece ``*.model``, ``tekken.json``, ``vocab.txt``, ``vocab.json`` with ``merges.txt``); None when it
+    holds one, or is not a folder.
+
+    transformers 5.25 loads such a folder without an error, as a tokenizer of one token, so every later check
+    (no pad token, then a ``max_prompt_length`` every prompt is cut to) would point elsewhere. The message names
+    the files its ``config.json``'s ``model_type`` implies (docs/real_models.md, "A GGUF file as a policy's model").
+    """
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        return None
+    names = {p.name for p in folder.iterdir()}
+    if (names & {"tokenizer.json", "tekken.json", "vocab.txt"} or {"vocab.json", "merges.txt"} <= names
+            or any(n.endswith((".model", ".tiktoken")) for n in names)):
+        return None
+    try:
+        import json
+
+        family = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        family = None
+    slow = "tokenizer.model (SentencePiece)" if family in SENTENCEPIECE_FAMILIES else "vocab.json + merges.txt"
+    if family is None:
+        slow = "a slow tokenizer's files (tokenizer.model, or vocab.json + merges.txt)"
+    return f"a{'n' if str(family)[:1] in 'aeiou' else ''} {family or 'causal LM'} model's tokenizer is " \
+           f"tokenizer.json, or {slow}, and the folder has neither"
+
+
 def default_cache_dir() -> str:
     """The model cache's root: ``$MRL_CACHE_DIR``, or ``~/.cache/mrl_lightning`` when it is unset."""
     return os.environ.get("MRL_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "mrl_lightning"))

@@ -33,7 +33,7 @@ from types import SimpleNamespace
 
 from mrl_lightning.chat import chat_template_errors
 from mrl_lightning.hub import HubUnreachableError, hub_load_kwargs
-from mrl_lightning.model_source import ModelRecipe, looks_local
+from mrl_lightning.model_source import ModelRecipe, looks_local, tokenizer_files_problem
 
 PROBE_QUESTIONS = ("What is 12 + 7?", "Name the capital of France, in one word.")
 
@@ -199,6 +199,10 @@ def tokenizer_errors(policy, source: str) -> list[str]:
         hub = hub_load_kwargs(source, "tokenizer" if policy.tokenizer_source else "model", p, "tokenizer_config.json")
     except HubUnreachableError as exc:
         return [str(exc)]
+    if looks_local(source) and (missing := tokenizer_files_problem(source)):  # before transformers makes do
+        field = "tokenizer" if policy.tokenizer_source else "model"
+        return [f"{p}: {field}={source!r} holds no tokenizer files: {missing}. Save the tokenizer into it "
+                "(tok.save_pretrained(<folder>)), or give tokenizer: <its folder or hub id>."]
     try:
         tok = AutoTokenizer.from_pretrained(os.path.expanduser(source), **hub)
     except Exception as exc:  # noqa: BLE001 - reported as a config error with its cause

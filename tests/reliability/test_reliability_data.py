@@ -125,6 +125,42 @@ def test_tokenizer_without_pad_suggests_its_eos_text(tiny_lm_folder, tmp_path):
     assert policy.tokenizer.pad_token == eos
 
 
+def _without_tokenizer_files(tiny_lm_folder, folder):
+    import shutil
+
+    folder.mkdir()
+    for file in tiny_lm_folder.iterdir():  # the model's files only: config, generation config, weights
+        if not file.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "added_tokens", "chat_")):
+            shutil.copy(file, folder / file.name)
+    return folder
+
+
+def test_model_folder_without_tokenizer_files_names_the_missing_files(tiny_lm_folder, tmp_path):
+    """transformers built a one-token tokenizer from such a folder: the check said "no pad token", and with
+    pad_token set, "raise max_prompt_length". The files the folder's config implies are named instead."""
+    folder = _without_tokenizer_files(tiny_lm_folder, tmp_path / "no_tokenizer")
+    for extra in ({}, {"pad_token": "<eos>"}):
+        with pytest.raises(ConfigError) as info:
+            PolicyModule(name="p", model=str(folder), **extra)
+        msg = str(info.value)
+        assert (f"policy 'p': model={str(folder)!r} holds no tokenizer files: a gpt2 model's tokenizer is "
+                "tokenizer.json, or vocab.json + merges.txt, and the folder has neither") in msg, msg
+        assert "tok.save_pretrained" in msg and "tokenizer: <" in msg
+        assert "pad token" not in msg and "max_prompt_length" not in msg
+    policy = PolicyModule(name="p", model=str(folder), tokenizer=str(tiny_lm_folder))  # its tokenizer given apart
+    assert policy.tokenizer is not None
+
+
+def test_the_tokenizer_files_a_folder_needs_follow_its_config(tmp_path):
+    from mrl_lightning.model_source import tokenizer_files_problem
+
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    assert tokenizer_files_problem(tmp_path) == ("a llama model's tokenizer is tokenizer.json, or tokenizer.model "
+                                                 "(SentencePiece), and the folder has neither")
+    (tmp_path / "tokenizer.model").write_bytes(b"x")
+    assert tokenizer_files_problem(tmp_path) is None
+
+
 CHAT = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
         "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
