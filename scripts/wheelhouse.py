@@ -55,7 +55,11 @@ TORCH = "torch==2.13.0"
 def pip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "pip", *args]
     print("+", shlex.join(cmd), flush=True)
-    return subprocess.run(cmd, check=check)
+    done = subprocess.run(cmd)
+    if check and done.returncode:
+        raise SystemExit(f"error: pip exited with {done.returncode} (its message is above); the wheelhouse is "
+                         "incomplete. A requirement with no wheel for the target: add it to --sdist-only.")
+    return done
 
 
 def name_of(spec: str) -> str:
