@@ -51,7 +51,7 @@ WU_KL = {"warmup_steps": 100, "beta": 0.1}
 ARMS: dict[str, dict] = {
     "none": {"probe": "none.yaml"},
     "sgt_old": {"sgt": OLD},
-    "sgt_default": {},  # whatever configs/default.yaml + callbacks/sgt.yaml say now (= sgt_sched)
+    "sgt_default": {},  # whatever configs/default.yaml says now (= sgt_sched)
     # the default before the schedule: the share bounded at 0.3 throughout
     "sgt_fixed30": {"sgt": {**SGT_DEFAULT, "max_grad_share": 0.3}},
     # the transfer term's share of the gradient, bounded
@@ -101,8 +101,9 @@ def arm_config(arm: str, base: Path, out: Path) -> Path:
     """``base`` with ``arm``'s callbacks and overrides, written to ``out/configs/<arm>.yaml``."""
     spec = ARMS[arm]
     config = yaml.safe_load(base.read_text())
-    snippet = yaml.safe_load((REPO / "callbacks" / spec.get("probe", "sgt.yaml")).read_text())
-    config["trainer"]["callbacks"] = copy.deepcopy(snippet["trainer"]["callbacks"])
+    if "probe" in spec or "sgt" in spec:  # sgt_default keeps the base config's own callbacks (its per-policy SGT values)
+        snippet = yaml.safe_load((REPO / "callbacks" / spec.get("probe", "sgt.yaml")).read_text())
+        config["trainer"]["callbacks"] = copy.deepcopy(snippet["trainer"]["callbacks"])
     if "sgt" in spec:
         for cb in config["trainer"]["callbacks"]:
             if cb["class_path"] == SGT_CLASS:
