@@ -21,11 +21,13 @@ fixes the product or the sum), so a key never merges questions with different an
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
 _OPERATORS = {"+", "-", "*"}
+_TOKEN = re.compile(r"\d+(?:\.\d+)?|\S")
 
 
 def _number(token: str) -> Fraction | None:
@@ -36,6 +38,19 @@ def _number(token: str) -> Fraction | None:
         return Fraction(token)
     except (ValueError, ZeroDivisionError):
         return None
+
+
+def _tokens(expression: str) -> list[str]:
+    """``expression``'s numbers and operators, whatever its spacing ("3+5", "3 +5" and "3 + 5" alike); a sign
+    where a number is expected (at the start, after an operator or "(") is folded into that number."""
+    out: list[str] = []
+    for token in _TOKEN.findall(expression):
+        if out and out[-1] in ("-", "+") and _number(token) is not None and (
+                len(out) == 1 or out[-2] in _OPERATORS | {"/", "("}):
+            out.append(("-" if out.pop() == "-" else "") + token)
+        else:
+            out.append(token)
+    return out
 
 
 def _multiset(values: list[Fraction]) -> str:
@@ -57,7 +72,7 @@ def question_key(question: str, metadata: Mapping[str, Any] | None = None) -> st
     expression = metadata.get("expression") if isinstance(metadata, Mapping) else None
     if not isinstance(expression, str) or not expression.strip():
         return "text:" + " ".join(question.split())
-    tokens = expression.split()
+    tokens = _tokens(expression)
     numbers = [_number(t) for t in tokens[0::2]]
     operators = tokens[1::2]
     pure = (len(tokens) % 2 == 1 and all(n is not None for n in numbers) and set(operators) <= _OPERATORS)

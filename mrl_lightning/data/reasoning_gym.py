@@ -10,7 +10,7 @@ epoch number; each epoch's order is a permutation seeded by (seed, part, epoch),
 
 Evaluation is held out by question (docs/default.md, "The task"): each part's evaluation prompts
 come from a separate generator seed, are distinct by :func:`~mrl_lightning.data.question_keys.question_key`
-(commuted ``+`` / ``*`` operands are one question), and every training prompt whose key is an
+(commuted ``+`` / ``*`` operands are one question), and every training prompt, of any part, whose key is an
 evaluation key is dropped. A part whose question space cannot hold its ``eval_size`` distinct
 questions, or whose training rows are mostly held out, is refused at setup. Success intervals
 are then over distinct questions (``eval_question_counts``).
@@ -153,16 +153,19 @@ class ReasoningGymDataModule(PromptDataModule):
         """
         if self._train:
             return
+        evals_of = {part.name: self._held_out(part) for part in self.parts}
+        # every part's evaluation keys: parts that share a question space (two arithmetic parts) must not
+        # train on each other's held-out questions either
+        held = {question_key(x.question, x.entry.get("metadata")) for evals in evals_of.values() for x in evals}
         for part in self.parts:
-            evals = self._held_out(part)
-            held = {question_key(x.question, x.entry.get("metadata")) for x in evals}
+            evals = evals_of[part.name]
             generated = self._generate(part, seed_for(self.seed, part.name, "train"), self.train_size, "")
             train = [x for x in generated if question_key(x.question, x.entry.get("metadata")) not in held]
             dropped = len(generated) - len(train)
             if not train or dropped > MAX_HELD_OUT_SHARE * len(generated):
                 size, field_name = self._eval_size(part)
                 raise ConfigError(
-                    f"data.parts[{part.name}]: holding out its {len(evals)} evaluation questions drops {dropped} of "
+                    f"data.parts[{part.name}]: holding out the evaluation questions ({len(evals)} its own) drops {dropped} of "
                     f"its {len(generated)} training rows (more than {MAX_HELD_OUT_SHARE:.0%}): its question space is "
                     f"mostly held out; lower {field_name}={size} or widen data.parts[{part.name}].config.")
             self._eval[part.name], self._train[part.name] = evals, train
@@ -173,6 +176,6 @@ class ReasoningGymDataModule(PromptDataModule):
         """Short hash of everything that determines the generated prompts."""
         text = repr([(p.name, p.dataset, sorted(p.config.items()), p.weight)
                      + ((p.eval_size,) if p.eval_size is not None else ()) for p in self.parts])
-        held_out = "|held-out-by-key"  # evaluation distinct by question_key, training without its keys
+        held_out = "|held-out-by-key-v2"  # evaluation distinct by question_key, training without any part's keys
         return hashlib.sha256(f"{text}|{self.train_size}|{self.eval_size}|{self.seed}{held_out}".encode()
                               ).hexdigest()[:12]

@@ -142,7 +142,7 @@ def test_holding_out_most_of_the_training_rows_is_refused():
         _mul(eval_size=45).setup()
     message = str(info.value)
     assert "\n" not in message
-    for fragment in ("data.parts[mul]", "45 evaluation questions", "more than 50%", "lower data.eval_size=45"):
+    for fragment in ("data.parts[mul]", "(45 its own)", "more than 50%", "lower data.eval_size=45"):
         assert fragment in message, fragment
 
 
@@ -175,3 +175,22 @@ def test_a_math_source_that_repeats_a_question_evaluates_it_once(tmp_path):
     with pytest.raises(ConfigError, match=r"eval_size=5 but its evaluation rows hold only 4 distinct questions"):
         MathDataModule([MathPart("m", _jsonl(tmp_path / "d.jsonl", questions), answer_pattern=r"####\s*(.+)",
                                  eval_size=5)], batch_size=1).setup()
+
+
+@pytest.mark.parametrize("a, b", [("3+5", "5 + 3"), ("3 +5", "5+3"), ("4*9", "9 * 4"), ("-2*3", "3 * -2"),
+                                  ("3 - -5", "5 + 3")])
+def test_the_key_does_not_depend_on_spacing(a, b):
+    # reasoning-gym's whitespace option ("no_space", "random") writes one question several ways
+    assert question_key("q", {"expression": a}) == question_key("q", {"expression": b})
+
+
+def test_a_question_held_out_by_one_part_is_not_trained_by_another():
+    # two parts over one question space: 1-digit sums, and 2-term chain sums of 1-digit terms
+    add = dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1, operators=["+"], allow_parentheses=False,
+               allow_negation=False)
+    chain2 = dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1)
+    dm = ReasoningGymDataModule([TaskPart("add", "basic_arithmetic", add), TaskPart("chain2", "chain_sum", chain2)],
+                                batch_size=2, train_size=300, eval_size=10, seed=0)
+    held = {_key(x) for evals in dm.eval_items().values() for x in evals}
+    for part in ("add", "chain2"):
+        assert not held & {_key(x) for x in dm.train_items(part)}
