@@ -7,17 +7,20 @@ continuing a pattern writes " 57" or " 4 + 6 = 10. Question: 2 + 2". A number th
 unevaluated expression ("The answer is 5 + 5.", ``\\boxed{2^2}``), nor a hedge ("57 or 58"). The reader
 finds the text's *statements of a result* and keeps the last one of the most explicit kind:
 
-1. the text is cut where it restarts a new question (``Question:`` or ``Q:`` after its start);
+1. the text is cut where it restarts a new question (``Question:``, ``Q:``, ``Question 2:``, ``Q2:``,
+   ``Question 2.``, ``Q.`` after its start);
 2. statements, in three ranks (the highest rank present decides; within it the last statement):
-   a. the last ``<answer>...</answer>``, else the last ``\\boxed{...}``, else the last GSM8K ``####`` line;
+   a. the last ``<answer>...</answer>``, else the last ``\\boxed{...}``, else the last GSM8K ``####`` line
+      that is one number (``#### 18``; a markdown heading, ``#### 2. Subtract``, is none);
    b. an answer anchor: "the answer (to ...) is X", "answer: X", "X is the (correct) answer",
       "X, which is the answer";
    c. a computed value: ``expr = X`` (the left side, back to the previous ``=`` or the sentence start, holds
       ``a op b``), "equals X" / "is equal to X", "<expr or result noun> is X" (result nouns: sum, product,
       result, total, difference, value, answer), "which is / gives / results in X", "we get X", and a
       completion that starts with a number ending its sentence (" 57", " 10.", "13\\n\\nWhat's next?");
-3. a statement's value is X when X is a number (sign, thousands separators, decimals, a currency sign;
-   a Unicode minus or dash read as ``-``) that is *all* of it: not followed by an operator (``5 + 5``,
+3. a statement's value is X when X is a number (sign, also spaced: ``= - 3``; thousands separators in
+   3-digit groups, ``1,000`` or ``1 000``; decimals, a currency sign; a Unicode minus or dash read as ``-``)
+   that is *all* of it: not followed by another number (``1 0000``, ``57 58``), an operator (``5 + 5``,
    ``5 x 5``, ``2^2``, "2 times 2"), an alternative ("57 or 58", "-2 or 1", "57, 58", "57 (or 58)",
    "but maybe 58") or, for the leading number, a word (" 10 steps"). A statement whose value is missing
    (cut: "So, 4 * 8 equals "), an expression, a word ("is FizzBuzz") or a hedge gives None: the last
@@ -37,19 +40,22 @@ from decimal import Decimal, InvalidOperation
 
 from mrl_lightning.data.sources import last_boxed
 
-RULE_VERSION = "final-number-v3"
+RULE_VERSION = "final-number-v4"
 
 _DASHES = str.maketrans({"\u2212": "-", "\ufe63": "-", "\uff0d": "-", "\u2013": "-", "\u2014": "-"})
 _WRAPPERS = re.compile(r"\\[()\[\]]|(?<!\\)\$(?!\s*[0-9])|\*\*")  # math delimiters, markdown bold
-_RESTART = re.compile(r"(?<=\S)\s*\b(?:Question|Q)\s*:")
+_RESTART = re.compile(r"(?<=\S)\s*\b(?:(?:Question|Q)(?:\s*[0-9]+)?\s*:|(?:Question|Q)\s*[0-9]+\.(?![0-9])|Q\.(?=\s))")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _HASHES = re.compile(r"^[ \t]*####[ \t]*(.+?)[ \t]*$", re.MULTILINE)
-_NUM = r"[-+]?[$\u20ac\u00a3]?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?(?![\w]|\.[0-9])"
+_GROUPS = r"[0-9]{1,3}(?:(?:,[0-9]{3})+|(?:[ \u00a0\u2009\u202f][0-9]{3})+)"  # "1,000", "1 000" (3-digit groups)
+_NUM = rf"[-+]?[$\u20ac\u00a3]?(?:{_GROUPS}|[0-9]+)(?:\.[0-9]+)?(?![\w]|\.[0-9])"
+_HASH_NUMBER = re.compile(rf"{_NUM}\.?")  # GSM8K's "#### 18": a #### line that is one number, not "#### Step 1"
+_SPACED_SIGN = re.compile(r"([-+])[ \t]+(?=[$\u20ac\u00a3]?[0-9])")  # "= - 3"
 _NUMBER = re.compile(rf"(?<![\w.]){_NUM}")
 _OP = r"(?:[-+*/\u00d7\u00f7^=<>%]|\\(?:times|cdot|div)\b|\bx\b|\b(?:times|plus|minus|over|divided|multiplied|" \
       r"more|less|squared|cubed|mod)\b)"
 _EXPR = re.compile(rf"[0-9)]\s*{_OP}\s*[(]*\s*[-+]?[0-9]")
-_AFTER_BAD = re.compile(rf"\s*(?:{_OP}|[,;/]\s*[-+]?[0-9]|[,;]?\s*\(?\s*or\b|[,;]?\s*and\s+[-+]?[0-9]|"
+_AFTER_BAD = re.compile(rf"[ \t]+[0-9]|\s*(?:{_OP}|[,;/]\s*[-+]?[0-9]|[,;]?\s*\(?\s*or\b|[,;]?\s*and\s+[-+]?[0-9]|"
                         r"[,;]?\s*to\s+[-+]?[0-9]|[,;]?\s*but\s+(?:maybe|perhaps|possibly|also|it\s+(?:could|might|may)))",
                         re.IGNORECASE)
 _LEADING = re.compile(rf"\s*({_NUM})")
@@ -67,16 +73,19 @@ _IS = re.compile(rf"\b(?:is|are|was)(?:\s+(?:calculated|computed)\s+(?:as|to\s+b
 _RESULT_NOUN = re.compile(r"\b(?:sum|product|result|total|difference|value|answer)\b", re.IGNORECASE)
 _CLAUSE_START = re.compile(r".*(?:[.!?;:,\n]|\bwhich\b|\bthat\b|\bso\b)", re.DOTALL | re.IGNORECASE)
 _SPACE = re.compile(r"\s*")
+_NOT_DIGITS = re.compile(r"[,$\u20ac\u00a3 \u00a0\u2009\u202f]")  # separators and currency signs
 _WINDOW = 300  # characters a statement's subject or sentence is looked for in (keeps long texts linear)
 _NO_VALUE = object()  # a statement whose value is missing, an expression, a word or a hedge
 
 
 def _value_at(text: str, pos: int) -> str | object:
     """The number that starts at ``pos`` (after white space) and is the whole value, or :data:`_NO_VALUE`."""
-    match = _NUMBER.match(text, _SPACE.match(text, pos).end())
+    start = _SPACE.match(text, pos).end()
+    sign = _SPACED_SIGN.match(text, start)  # "= - 3": a sign, a space, a number without its own sign
+    match = _NUMBER.match(text, sign.end() if sign else start)
     if not match or _AFTER_BAD.match(text, match.end()):
         return _NO_VALUE
-    return match.group(0)
+    return sign.group(1) + match.group(0) if sign else match.group(0)
 
 
 def _sentence_value(text: str) -> str | object:
@@ -95,7 +104,7 @@ def _ranked_statement(text: str) -> tuple[int, str | object] | None:
     tags = _ANSWER_TAG.findall(text)
     found = tags[-1] if tags else last_boxed(text)
     if found is None:
-        hashes = _HASHES.findall(text)
+        hashes = [h for h in _HASHES.findall(text) if _HASH_NUMBER.fullmatch(h)]
         found = hashes[-1] if hashes else None
     return None if found is None else (0, _sentence_value(found))
 
@@ -145,7 +154,8 @@ def _computed_statements(text: str) -> list[tuple[int, str | object]]:
 def _number_or_cut(text: str, pos: int) -> bool:
     """Whether a number (maybe an expression's first) follows ``pos``, or the text ends there (cut)."""
     start = _SPACE.match(text, pos).end()
-    return start == len(text) or bool(_NUMBER.match(text, start))
+    sign = _SPACED_SIGN.match(text, start)
+    return start == len(text) or bool(_NUMBER.match(text, sign.end() if sign else start))
 
 
 def _sentence_start(text: str, pos: int) -> int:
@@ -191,7 +201,7 @@ def final_number(completion: str) -> str | None:
     if raw is None:
         return None
     try:
-        value = Decimal(raw.replace(",", "").replace("$", "").replace("\u20ac", "").replace("\u00a3", ""))
+        value = Decimal(_NOT_DIGITS.sub("", raw))
     except InvalidOperation:  # the pattern admits only numbers; kept as a guard
         return None
     if value == value.to_integral_value():

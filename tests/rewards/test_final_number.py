@@ -97,6 +97,38 @@ def test_a_fault_of_the_old_reader_is_read_as_stated(text, number):
     assert final_number(text) == number
 
 
+# reproduced faults of final-number-v3 (each read wrong there): text -> what it states
+FAULTS_V3 = [
+    # F1: a markdown heading "#### ..." is no GSM8K answer line (only "#### <number>" is)
+    ("#### 1. Compute 3 * 4\n3 * 4 = 12\n#### 2. Subtract\n12 - 15 = -3\nThe answer is -3.", "-3"),  # v3: 2
+    ("#### 2. Multiply the numbers\n3 * 4 = 12", "12"),                                 # v3: 2
+    ("#### Step 1: Multiply\n3 * 4 = 12\n#### Step 2: Subtract\n12 - 15 = -3\nThe answer is -3.", "-3"),  # v3: none
+    ("#### 5 + 5\n3 * 4 = 12.\n#### 13.", "13"),                                       # v3: 13 (still: a number line)
+    # F2: space thousands separators, as "1,000" reads 1000
+    ("The answer is 1 000.", "1000"),                                                 # v3: 1
+    ("3 * 4 = 12. So the total is 12 345 apples.", "12345"),                          # v3: 12
+    ("The answer is 1\u00a0000\u00a0000.", "1000000"),                                # v3: 1, a no-break space
+    ("The answer is 1 0000.", None),                                                  # v3: 1, two numbers
+    ("The answer is 57 58.", None),                                                   # v3: 57
+    # F3: a numbered restart of a new question
+    (" 4 + 6 = 10. Question 2: 5 * 5 = 25", "10"),                                     # v3: 25
+    (" 4 + 6 = 10. Q2: 5 * 5 = 25", "10"),                                             # v3: 25
+    (" 4 + 6 = 10. Question 2. 5 * 5 = 25", "10"),                                     # v3: 25
+    ("The answer is 7.\nQ. What is 2+2? A: 4", "7"),                                   # v3: 7 too (a guard)
+    # a space after the sign
+    ("2 - 5 = - 3", "-3"),                                                            # v3: none
+    ("2 - 5 = \u2212 3.", "-3"),                                                       # v3: none
+    ("The answer is - 3.", "-3"),                                                     # v3: none
+    ("5 - 3 is the answer.", None),                                                   # v3: none too: an expression
+]
+
+
+@pytest.mark.parametrize("text, number", FAULTS_V3)
+def test_a_fault_of_the_v3_reader_is_read_as_stated(text, number):
+    """Only "#### <number>" is a GSM8K answer line; "1 000" is one number; "Question 2:" restarts; "- 3" is -3."""
+    assert final_number(text) == number
+
+
 @pytest.mark.parametrize("text", NO_ANSWER)
 def test_a_text_without_an_answer_states_none(text):
     assert final_number(text) is None
@@ -116,7 +148,7 @@ def test_final_number_mode_rewards_the_value_in_words_and_never_a_hedge(add_item
     texts = ["47 + 77 = 124. The answer is 124.", "The sum of 47 and 77 is 124.", " 124", "124 or 125",
              "125 or 124", "The answer is 124 or 125.", "47 + 77 = 123", "We need to add 47 and"]
     assert reward(texts, [add_item] * len(texts)) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
-    assert reward.strict and reward.name == "rg_exact_final_number" and reward.version.endswith("final-number-v3")
+    assert reward.strict and reward.name == "rg_exact_final_number" and reward.version.endswith("final-number-v4")
 
 
 def test_the_default_first_line_mode_is_unchanged(add_item):
