@@ -38,6 +38,7 @@ Callbacks with state implement ``state_dict`` / ``load_state_dict``; their
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -194,10 +195,12 @@ def sharing_errors(callbacks: list, policies: list[str],
                 where = source(index, field_name, unknown)
                 fix = (f"; {where!r} was written for another config's policies" if where and
                        Path(where).parent.name == "callbacks" else "")
+                near = difflib.get_close_matches(str(unknown), policies, n=1, cutoff=0.6)
+                hint = f"; did you mean {near[0]!r}? Or" if near else ":"
                 errors.append((f"config file {where!r}: " if where else "")
                               + f"trainer.callbacks[{index}].init_args.{field_name} of {name} names policy "
-                              f"{unknown!r}, which is not in model.policies {policies}: remove {unknown!r} from "
-                              f"{field_name}, or name one of {policies}{fix}.")
+                              f"{unknown!r}, which is not in model.policies {policies}{hint} remove {unknown!r} "
+                              f"from {field_name}, or name one of {policies}{fix}.")
     return errors
 
 

@@ -82,10 +82,20 @@ def test_a_per_policy_probe_value_naming_no_policy_names_the_field_and_the_file(
                        "      init_args: {lambda_per_policy: {lama: 1.0}}\n")
     err = _refused(capsys, "--config", str(write_tiny_config()), "--config", str(snippet))
     assert (f"config file {str(snippet)!r}: trainer.callbacks[1].init_args.lambda_per_policy of SuccessGatedTransfer "
-            "names policy 'lama', which is not in model.policies ['gpt2', 'llama']: remove 'lama' from "
-            "lambda_per_policy, or name one of ['gpt2', 'llama']; "
+            "names policy 'lama', which is not in model.policies ['gpt2', 'llama']; did you mean 'llama'? Or remove "
+            "'lama' from lambda_per_policy, or name one of ['gpt2', 'llama']; "
             f"{str(snippet)!r} was written for another config's policies.") in err
     assert err.count("names policy 'lama'") == 1  # the probe's own, vaguer line is not added
+
+
+def test_a_per_policy_probe_value_naming_no_policy_names_the_nearest_policy(write_tiny_config, no_model_build, capsys):
+    """``receivers: [gtp2]`` named the field but left the user to spot the typo."""
+    config = write_tiny_config(modify=lambda c: c["trainer"]["callbacks"][1].setdefault("init_args", {}).update(
+        receivers=["gtp2"]))
+    err = _refused(capsys, "--config", str(config))
+    assert (f"config file {str(config)!r}: trainer.callbacks[1].init_args.receivers of SuccessGatedTransfer names "
+            "policy 'gtp2', which is not in model.policies ['gpt2', 'llama']; did you mean 'gpt2'? Or remove 'gtp2' "
+            "from receivers, or name one of ['gpt2', 'llama'].") in err
 
 
 def test_strong_parts_naming_no_data_part_is_refused_naming_the_policy_the_part_and_the_parts(
