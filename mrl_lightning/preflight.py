@@ -49,8 +49,8 @@ from mrl_lightning.mwra.plan import plan_resources
 from mrl_lightning.mwra.sharding import sharding_errors
 from mrl_lightning.mwra.strategy import PolicyGroupsStrategy
 from mrl_lightning.policy_checks import package_errors, part_errors
+from mrl_lightning.prompt_fit import prompt_errors
 from mrl_lightning.run_checkpoint import check_run_folder
-
 
 STRATEGIES = ("auto", "ddp")
 UNIFIED_PRECISION = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}
@@ -397,7 +397,7 @@ def check_before_build(trainer, model, datamodule, ckpt_path: str | None) -> Che
         for e in p.model_source.config_errors(p, datamodule)]
     shapes, shape_errors = plan_shapes(policies, datamodule)  # configs only (LoRA on the meta device)
     shape_errors += sharding_errors(placement, policies, datamodule.batch_size)
-    _raise("Invalid policy config", errors + shape_errors)
+    _raise("Invalid policy config", errors + shape_errors or prompt_errors(policies, datamodule))  # data's prompts
     checkpoint = load_checkpoint(ckpt_path, policies=()) if ckpt_path else None  # the manifest: parts at restore
     if checkpoint is not None:
         check_compatible(checkpoint, list(policies), trainer.max_steps,

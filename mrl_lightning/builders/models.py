@@ -22,6 +22,7 @@ from mrl_lightning.mwra.rng import rng_state, set_rng_state
 from mrl_lightning.mwra.sharding import shard_model
 from mrl_lightning.policy import PolicyModule
 from mrl_lightning.policy_checks import tokenizer_errors
+from mrl_lightning.prompt_fit import data_prompt_errors
 
 
 def materialize(policy: PolicyModule, datamodule=None, cache_log=print, resuming: bool = False) -> str:
@@ -97,6 +98,8 @@ def build_policy(policy: PolicyModule, datamodule=None, cache_log=print, with_mo
     source = materialize(policy, datamodule, cache_log)
     if policy.tokenizer is None:
         errors = tokenizer_errors(policy, os.path.expanduser(policy.tokenizer_source or source))
+        if not errors and datamodule is not None and not getattr(policy, "_data_prompts_checked", False):
+            errors = data_prompt_errors(policy, datamodule)  # a recipe's tokenizer made just now: the data's prompts
         if errors:
             raise ConfigError("\n".join(errors))
     if not with_model:

@@ -1,0 +1,78 @@
+"""Hostile inputs a new user tried on a fresh clone (docs/reliability.md, rows 64 on): each refused in one line
+naming the field or file, the value and the fix, status 2, before any model is built, nothing left behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from mrl_lightning.cli import main
+from mrl_lightning.data import PromptItem
+from mrl_lightning.policy import PolicyModule
+from mrl_lightning.prompt_fit import data_prompt_errors
+
+from e2e_configs import forbid_model_build  # tests/e2e, on sys.path through this folder's conftest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def no_model_build(monkeypatch):
+    forbid_model_build(monkeypatch)
+
+
+def _refused(capsys, *argv) -> str:
+    """The error output of ``mrl fit`` argv, which must stop with status 2 and no traceback."""
+    try:
+        code = main(["fit", *argv])
+    except SystemExit as exc:  # the parser's own refusals
+        code = exc.code
+    assert code == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+    return captured.err
+
+
+class _Data:
+    """A set-up prompt data module of one part (what :func:`data_prompt_errors` reads)."""
+
+    def __init__(self, questions):
+        self.parts = [SimpleNamespace(name="add")]
+        self._items = [PromptItem(prompt_id=f"add/{i}", question=q, answer="0", part="add", entry={})
+                       for i, q in enumerate(questions)]
+
+    def setup(self, stage=None):
+        pass
+
+    def eval_items(self):
+        return {"add": self._items[:2]}
+
+    def train_items(self, part):
+        return self._items[2:]
+
+
+def test_max_prompt_length_that_makes_the_datas_questions_one_prompt_is_refused(tiny_lm_folder):
+    """The two fixed probe questions end in '?' and '.', so 9 characters kept them apart; the task's all end in '.'."""
+    policy = PolicyModule(name="p", model=str(tiny_lm_folder), max_prompt_length=9)  # the probe check passes
+    data = _Data([f"Calculate {a} + {b}." for a in range(1, 5) for b in range(1, 5)])
+    errors = data_prompt_errors(policy, data)
+    assert len(errors) == 1 and "\n" not in errors[0]
+    assert errors[0].startswith("policy 'p': max_prompt_length=9 cuts the data's prompts (the longest is 24 tokens) "
+                                "so that different questions become one prompt: ")
+    assert errors[0].endswith("the model would not see the question. Set max_prompt_length: 24 (or more).")
+    assert data_prompt_errors(PolicyModule(name="p", model=str(tiny_lm_folder), max_prompt_length=14), data) == []
+
+
+def test_max_prompt_length_2_on_the_default_config_is_refused_before_any_build(no_model_build, capsys, tmp_path,
+                                                                             monkeypatch):
+    """It trained with one warning and llama's evaluation fell from 0.53 to 0."""
+    monkeypatch.chdir(REPO)  # the recipes' prebuilt folders are relative
+    runs = tmp_path / "runs"
+    err = _refused(capsys, "--config", "configs/default.yaml", "--trainer.devices", "1", "--trainer.default_root_dir",
+                   str(runs), "--model.policies.init_args.max_prompt_length", "2")
+    assert ("policy 'llama': max_prompt_length=2 cuts the data's prompts (the longest is 12 tokens) so that different "
+            "questions become one prompt: ") in err
+    assert "Set max_prompt_length: 12 (or more)." in err
+    assert not runs.exists()
