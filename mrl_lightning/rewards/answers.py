@@ -13,7 +13,8 @@ those two extractors and adds a hand-written rule only where a test
 2. GSM8K's ``#### 18``: without a ``\\boxed`` in the text, the last ``####`` line whose
    content starts like a number (digit, sign, ``$``, ``.``, ``(``) is the answer; the
    library alone would take any later number ("#### 18" then "19 cookies" gives 19).
-   Markdown headings such as ``#### Step 1`` start with a letter and are not answers.
+   Markdown headings such as ``#### Step 1`` start with a letter and are not answers, nor
+   numbered ones (``#### 2. Multiply the numbers``: a number, ``.``, ``)`` or ``:``, then a word).
 3. Escaped dollar signs (``\\$18``): removed first; the library misses a number that
    follows a backslash-dollar in plain text.
 4. Plain-text tuples and intervals (``(0,1)``, ``[-2, 7)``) outside math delimiters are
@@ -46,6 +47,7 @@ from functools import lru_cache
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _HASHES = re.compile(r"^[ \t]*####[ \t]*([-+$.(\d\\][^\n]*?)[ \t]*$", re.MULTILINE)
+_NUMBERED_HEADING = re.compile(r"\d+[.):][ \t]+[A-Za-z]")  # "#### 2. Multiply", "#### 1) Add": a step, not an answer
 _BOXED = re.compile(r"\\(?:boxed|fbox)\b")
 _ESCAPED_DOLLAR = re.compile(r"\\\$")
 _NUM = r"-?\d+(?:\.\d+)?"
@@ -149,7 +151,7 @@ def final_answer_source(completion: str) -> tuple[str, str]:
     if tags:
         return "answer_tag", tags[-1]
     if not _BOXED.search(completion):
-        hashes = _HASHES.findall(completion)
+        hashes = [h for h in _HASHES.findall(completion) if not _NUMBERED_HEADING.match(h)]
         if hashes:
             return "hashes", hashes[-1]
     return "library", completion

@@ -20,6 +20,8 @@ GSM8K_ROWS = [
     ("Janet sells 16 - 3 - 4 = 9 eggs.\nShe makes 9 * 2 = $18.\n#### 18", "18", 1),
     ("#### 18\nThen 19 more cookies were baked.", "18", 1),                       # rule 2
     ("#### Step 1\nShe sells 9 eggs at $2 each, so the answer is 18.", "18", 1),  # a heading is no answer
+    ("#### 2. Multiply\nShe sells 9 eggs at $2 each: 9 * 2 = 18.", "2", 0),  # a numbered heading is no answer
+    ("#### 1) Sell\nShe sells 9 eggs at $2 each.\n#### 18", "18", 1),
     ("The answer is 18.", "18", 1),
     ("The answer is 18.5.", "18", 0),
     ("She makes \\boxed{18} dollars.", "18", 1),
