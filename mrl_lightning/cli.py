@@ -126,8 +126,10 @@ def _stopped(exc: BaseException) -> int:
     from mrl_lightning.run_stop import StopContext, config_error_in, config_error_text, stop_run
 
     if config_error_in(exc) is None and _from_config_parsing(exc):
-        # jsonargparse folds nested ConfigErrors into a Union message
-        print(config_error_text(exc), file=sys.stderr, flush=True)
+        from mrl_lightning.config_reports import union_cause
+
+        # jsonargparse folds nested ConfigErrors into a Union message: the class's own error, one line a cause
+        print(config_error_text(union_cause(str(exc)) or exc), file=sys.stderr, flush=True)
         return 2
     context = getattr(exc, "mrl_stop", None)  # set by MRLTrainer.fit: rank, workers, the interrupted line
     if context is None:  # before the run: parsing, building the config's classes

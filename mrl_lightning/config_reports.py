@@ -146,3 +146,69 @@ def config_file_naming(args: list[str], key: str, index: int, field: str, name: 
         if isinstance(value, (dict, list)) and name in value:
             where = path
     return where
+
+
+UNION = "Does not validate against any of the Union subtypes"
+_ONE_OF = re.compile(r"^(?P<field>[\w.]+)=(?P<value>'[^']*'|\S+); valid: (?P<valid>\[[^\]]*\])\.$")
+_UNKNOWN = re.compile(r"^(?P<field>[\w.]+) has unknown (?P<value>\[[^\]]*\]); valid: (?P<valid>\[[^\]]*\])\.$")
+_HEADER = re.compile(r"^Invalid [\w ]+ config:$")
+
+
+def union_cause(message: str) -> str | None:
+    """jsonargparse's report that a value fits none of a union's types (a recipe, a callback list: 9 lines and a
+    dump of every value) as the error of the class that refused it: its ``Invalid <class> config:`` header, if
+    any, and each cause as one line (:func:`with_nearest`); the tries at the union's other types (``Expected a
+    <class 'str'>``) and the dump of the given value left out. None for another report, or one with no cause."""
+    if UNION not in message:
+        return None
+    block = message.split("\nErrors:\n", 1)[-1].split("\nGiven value", 1)[0]
+    header, causes = None, []
+    for line in block.splitlines():
+        text = line.strip()
+        text = text[2:] if text.startswith("- ") else text
+        if not text or text.startswith(("Expected a ", "Subtypes:", UNION, "Errors:")):
+            continue
+        if _HEADER.match(text):
+            header = header or text
+        elif not text.endswith(":"):
+            causes.append(with_nearest(text))
+    if not causes:
+        return None
+    return f"{header or 'Invalid config:'}\n  - " + "\n  - ".join(dict.fromkeys(causes))
+
+
+def nearest_first(value: str, valid: list[str]) -> list[str]:
+    """``valid``, the names nearest to ``value`` first (``difflib``'s ratio), ties in their own order."""
+    score = {v: difflib.SequenceMatcher(None, value.lower(), str(v).lower()).ratio() for v in valid}
+    return sorted(valid, key=lambda v: -score[v])
+
+
+def with_nearest(line: str) -> str:
+    """A class's ``X.field='value'; valid: [...]`` (or ``X.field has unknown [...]; valid: [...]``) with the
+    nearest valid value, the valid ones nearest first and the fix; any other line as it is."""
+    import ast
+
+    one, many = _ONE_OF.match(line), _UNKNOWN.match(line)
+    try:
+        found = one or many
+        valid = ast.literal_eval(found.group("valid")) if found else None
+        given = ast.literal_eval(found.group("value")) if found else None
+    except (ValueError, SyntaxError):
+        return line
+    if not found or not isinstance(valid, list) or not valid:
+        return line
+    field = found.group("field").rsplit(".", 1)[-1]
+    if one:
+        ranked = nearest_first(str(given), valid)
+        near = difflib.get_close_matches(str(given), valid, n=1, cutoff=0.5)
+        fix = f"did you mean {near[0]!r}? " if near else ""
+        return (f"{found.group('field')}={given!r} is not one of its values; {fix}valid (nearest first): {ranked}. "
+                f"Set {field}: {near[0] if near else ranked[0]}.")
+    if not isinstance(given, list):
+        return line
+    fixes = [(g, difflib.get_close_matches(str(g), valid, n=1, cutoff=0.5)) for g in given]
+    said = "; ".join(f"did you mean {n[0]!r} for {g!r}?" for g, n in fixes if n)
+    ranked = nearest_first(str(given[0]), valid)
+    return (f"{found.group('field')} has unknown {given}" + (f"; {said}" if said else "") + f" valid (nearest "
+            f"first): {ranked}. " + ("Replace " + ", ".join(f"{g!r} by {n[0]!r}" for g, n in fixes if n) + " in "
+                                     f"{field}." if said else f"Name only valid values in {field}."))

@@ -165,7 +165,11 @@ class TinyCausalLM(ModelRecipe):
             if value < 1:
                 errors.append(f"TinyCausalLM.{key}={value} must be >= 1.")
         if num_heads >= 1 and hidden_size % num_heads:
-            errors.append(f"TinyCausalLM.hidden_size={hidden_size} must be divisible by num_heads={num_heads}.")
+            up, down = -(-hidden_size // num_heads) * num_heads, hidden_size // num_heads * num_heads
+            heads = [h for h in range(num_heads, 0, -1) if hidden_size % h == 0][0]
+            errors.append(f"TinyCausalLM.hidden_size={hidden_size} must be divisible by num_heads={num_heads}: set "
+                          f"hidden_size: {up}" + (f" (or {down})" if down >= 1 else "")
+                          + f", or num_heads: {heads} (a divisor of {hidden_size}).")
         if config_overrides and family in FAMILIES:
             errors.extend(config_override_errors(family, config_overrides))
         if errors:

@@ -76,3 +76,29 @@ def test_max_prompt_length_2_on_the_default_config_is_refused_before_any_build(n
             "questions become one prompt: ") in err
     assert "Set max_prompt_length: 12 (or more)." in err
     assert not runs.exists()
+
+
+def _recipe(c) -> dict:
+    return c["model"]["policies"][0]["init_args"]["model"]["init_args"]
+
+
+@pytest.mark.parametrize("modify,line", [
+    (lambda c: _recipe(c).update(family="gtp2"),
+     "TinyCausalLM.family='gtp2' is not one of its values; did you mean 'gpt2'? valid (nearest first): ['gpt2', "),
+    (lambda c: _recipe(c).update(hidden_size=30, num_heads=4),
+     "TinyCausalLM.hidden_size=30 must be divisible by num_heads=4: set hidden_size: 32 (or 28), or num_heads: 3 "
+     "(a divisor of 30)."),
+    (lambda c: c["trainer"]["callbacks"][0].setdefault("init_args", {}).update(record_types=["sucess", "rollout"]),
+     "SharedExperienceExchange.record_types has unknown ['sucess']; did you mean 'success' for 'sucess'? valid "
+     "(nearest first): ['success', "),
+], ids=["family", "hidden-size", "record-types"])
+def test_a_value_a_class_refuses_inside_a_union_is_its_one_line_not_the_union_dump(write_tiny_config, no_model_build,
+                                                                                 capsys, modify, line):
+    """jsonargparse's "Does not validate against any of the Union subtypes" came as 8-9 lines with a Namespace dump
+    of every value; the class's own line was on line 5 or 6."""
+    config = write_tiny_config(modify=modify)
+    err = _refused(capsys, "--config", str(config))
+    assert "Union subtypes" not in err and "Namespace(" not in err and "Expected a" not in err
+    causes = [x for x in err.splitlines() if x.startswith("  - ")]
+    assert len(causes) == 1 and causes[0][4:].startswith(line), err
+    assert not (config.parent / "runs").exists()
