@@ -53,6 +53,10 @@ def check_run_folder(log_dir: str, root_dir: str | None = None) -> None:
         ConfigError: ``log_dir`` already has a config.yaml, or no file can be created there
             (a read-only mount, no permission, a path through a file).
     """
+    if root_dir is not None and not str(root_dir).strip():
+        raise ConfigError(f"trainer.default_root_dir={root_dir!r} is empty: the run folder would be made in the current "
+                          "folder, and the printed paths would be relative to it. Give a folder: "
+                          "--trainer.default_root_dir runs/<name> (or leave it unset for 'runs').")
     if (Path(log_dir) / "config.yaml").exists():
         raise ConfigError(f"the run folder {log_dir} already holds a run (config.yaml); pick another "
                           "--trainer.version, leave it unset for the next free version_<n>, or remove the folder.")

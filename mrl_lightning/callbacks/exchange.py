@@ -24,6 +24,7 @@ from mrl_lightning.exchange import (
     SuccessRecord,
 )
 from mrl_lightning.thl import token_bytes, tokenizer_fingerprint
+from mrl_lightning.writable import write_problem
 
 RECORD_NAMES = ("rollout", "group_stats", "success")
 
@@ -109,6 +110,13 @@ class SharedExperienceExchange(MRLCallback):
     def config_errors(self, ctx, system) -> list[str]:
         """Probes (callbacks with ``see_reads``) that need records this exchange does not publish or keep."""
         errors = []
+        if self.log_path and os.path.isabs(self.log_path):  # a relative one is in the run folder, checked as it
+            problem = (f"{self.log_path!r} is a folder" if os.path.isdir(self.log_path)
+                       else write_problem(os.path.dirname(self.log_path)))
+            if problem is not None:
+                errors.append(f"SharedExperienceExchange.log_path={self.log_path!r} cannot be written ({problem}); the "
+                              "exchange's audit log is appended there from step 1. Give a file in a folder you can "
+                              "write, a path relative to the run folder (log_path: exchange.jsonl), or log_path: null.")
         if self.rollouts_of_successes_only:
             errors += [f"{type(cb).__name__} reads every peer rollout (failures too), but SharedExperienceExchange."
                        "rollouts_of_successes_only=true publishes only successful ones; set it to false."

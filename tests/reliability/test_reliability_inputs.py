@@ -102,3 +102,28 @@ def test_a_value_a_class_refuses_inside_a_union_is_its_one_line_not_the_union_du
     causes = [x for x in err.splitlines() if x.startswith("  - ")]
     assert len(causes) == 1 and causes[0][4:].startswith(line), err
     assert not (config.parent / "runs").exists()
+
+
+def test_an_empty_run_folder_is_refused(write_tiny_config, no_model_build, capsys, tmp_path, monkeypatch):
+    """``--trainer.default_root_dir ''`` ran into the current folder (``./version_0``, ``tensorboard --logdir ''``)."""
+    config = write_tiny_config()
+    monkeypatch.chdir(tmp_path)
+    err = _refused(capsys, "--config", str(config), "--trainer.default_root_dir", "")
+    assert ("trainer.default_root_dir='' is empty: the run folder would be made in the current folder, and the "
+            "printed paths would be relative to it. Give a folder: --trainer.default_root_dir runs/<name>") in err
+    assert not list(tmp_path.glob("version_*"))
+
+
+@pytest.mark.parametrize("target", ["through_a_file", "a_folder"])
+def test_an_exchange_log_path_that_cannot_be_written_is_refused_before_any_build(write_tiny_config, no_model_build,
+                                                                                capsys, tmp_path, target):
+    """``log_path: /proc/exchange.jsonl`` failed at step 1 with a worker traceback (status 1) and a version_0."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    path = str(blocker / "exchange.jsonl") if target == "through_a_file" else str(tmp_path)
+    config = write_tiny_config(modify=lambda c: c["trainer"]["callbacks"][0].setdefault("init_args", {}).update(
+        log_path=path))
+    err = _refused(capsys, "--config", str(config))
+    assert f"SharedExperienceExchange.log_path={path!r} cannot be written (" in err
+    assert "or log_path: null." in err
+    assert not (tmp_path / "runs").exists()
