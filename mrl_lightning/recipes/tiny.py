@@ -274,7 +274,25 @@ class TinyCausalLM(ModelRecipe):
                 errors.append(f"{p}: {field} cannot be written ({problem}), and this recipe's model is not built "
                               "yet: it is built into the cache. Set MRL_CACHE_DIR (or TinyCausalLM.cache_dir) to a "
                               "folder you can write.")
-        return errors
+        return errors + self._prebuilt_errors(p)
+
+    def _prebuilt_errors(self, p: str) -> list[str]:
+        """A ``prebuilt`` folder that does not exist (a typo would warm-start for minutes on a cache miss)."""
+        folder = Path(self.prebuilt).expanduser() if self.prebuilt else None
+        if folder is None or folder.is_dir():
+            return []
+        where = f"TinyCausalLM.prebuilt={self.prebuilt!r}"
+        parent = folder.parent
+        if not parent.is_dir():
+            return [f"{p}: {where} does not exist, nor does its folder {str(parent)!r} (from {os.getcwd()!r}; a "
+                    "relative path is read from the folder mrl runs in: run from the repository root). Give the "
+                    "folder a recipe wrote (e.g. models/default/gpt2), or prebuilt: null to build the model."]
+        names = sorted(x.name for x in parent.iterdir() if x.is_dir())
+        near = [str(parent / n) for n in difflib.get_close_matches(folder.name, names, n=3, cutoff=0.5)]
+        hint = (f"did you mean {' or '.join(map(repr, near))}?" if near else
+                f"the folders in {str(parent)!r} are {names[:12]}.")
+        return [f"{p}: {where} is not a folder; {hint} Give the folder a recipe wrote, or prebuilt: null to build "
+                "the model."]
 
     def materialize(self, policy, datamodule, log: Callable[[str], None] = print,
                     warn_shortfall: bool = True) -> Path:

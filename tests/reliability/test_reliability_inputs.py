@@ -127,3 +127,16 @@ def test_an_exchange_log_path_that_cannot_be_written_is_refused_before_any_build
     assert f"SharedExperienceExchange.log_path={path!r} cannot be written (" in err
     assert "or log_path: null." in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_prebuilt_folder_that_does_not_exist_is_refused_naming_the_nearest(write_tiny_config, no_model_build,
+                                                                             capsys, tmp_path):
+    """``prebuilt: models/default/gpt3`` was ignored: on a cache miss it would have warm-started for minutes."""
+    (tmp_path / "models" / "gpt2").mkdir(parents=True)
+    (tmp_path / "models" / "llama").mkdir()
+    typo = str(tmp_path / "models" / "gpt3")
+    config = write_tiny_config(modify=lambda c: _recipe(c).update(prebuilt=typo))
+    err = _refused(capsys, "--config", str(config))
+    assert (f"policy 'gpt2': TinyCausalLM.prebuilt={typo!r} is not a folder; did you mean "
+            f"{str(tmp_path / 'models' / 'gpt2')!r}? Give the folder a recipe wrote, or prebuilt: null") in err
+    assert not (tmp_path / "runs").exists()
