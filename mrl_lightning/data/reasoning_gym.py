@@ -18,6 +18,7 @@ are then over distinct questions (``eval_question_counts``).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,8 +85,16 @@ class ReasoningGymDataModule(PromptDataModule):
         known = set(reasoning_gym.factory.DATASETS)
         for p in parts:
             if p.dataset not in known:
+                near = difflib.get_close_matches(p.dataset, sorted(known), n=3, cutoff=0.6)
                 errors.append(f"data.parts[{p.name}].dataset={p.dataset!r} is not a reasoning-gym dataset; "
-                              f"e.g. basic_arithmetic, chain_sum, countdown.")
+                              + (f"did you mean {' or '.join(map(repr, near))}?" if near else
+                                 "e.g. basic_arithmetic, chain_sum, countdown."))
+            elif unknown := _unknown_options(reasoning_gym.factory.DATASETS[p.dataset][1], p.config):
+                key, options = unknown
+                near = difflib.get_close_matches(key, options, n=1, cutoff=0.6)
+                errors.append(f"data.parts[{p.name}].config: {key!r} is not an option of reasoning-gym "
+                              f"{p.dataset!r}; " + (f"did you mean {near[0]!r}? " if near else "")
+                              + f"its options: {options}.")
             else:
                 try:  # a 1-item dataset checks the generator config cheaply
                     reasoning_gym.create_dataset(p.dataset, seed=0, size=1, **p.config)
@@ -179,3 +188,15 @@ class ReasoningGymDataModule(PromptDataModule):
         held_out = "|held-out-by-key-v2"  # evaluation distinct by question_key, training without any part's keys
         return hashlib.sha256(f"{text}|{self.train_size}|{self.eval_size}|{self.seed}{held_out}".encode()
                               ).hexdigest()[:12]
+
+
+def _unknown_options(config_class, config: dict) -> tuple[str, list[str]] | None:
+    """The first key of ``config`` that the dataset's config dataclass has no field for, and its fields; None when
+    every key is one (or the class is no dataclass: its own error then says what is wrong)."""
+    import dataclasses
+
+    if not dataclasses.is_dataclass(config_class):
+        return None
+    options = [f.name for f in dataclasses.fields(config_class)]
+    bad = [k for k in config if k not in options]
+    return (bad[0], options) if bad else None

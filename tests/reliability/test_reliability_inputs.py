@@ -140,3 +140,26 @@ def test_a_prebuilt_folder_that_does_not_exist_is_refused_naming_the_nearest(wri
     assert (f"policy 'gpt2': TinyCausalLM.prebuilt={typo!r} is not a folder; did you mean "
             f"{str(tmp_path / 'models' / 'gpt2')!r}? Give the folder a recipe wrote, or prebuilt: null") in err
     assert not (tmp_path / "runs").exists()
+
+
+def _part_config(c) -> dict:
+    return c["data"]["init_args"]["parts"][0]["config"]
+
+
+def test_a_misspelled_option_of_a_reasoning_gym_dataset_names_the_nearest(write_tiny_config, no_model_build, capsys):
+    """``min_term: 2`` gave the raw ``TypeError: BasicArithmeticDatasetConfig.__init__() got an unexpected keyword
+    argument 'min_term'`` after a dump of the whole config."""
+    def modify(c):
+        _part_config(c)["min_term"] = _part_config(c).pop("min_terms")
+
+    err = _refused(capsys, "--config", str(write_tiny_config(modify=modify)))
+    assert ("data.parts[add].config: 'min_term' is not an option of reasoning-gym 'basic_arithmetic'; did you mean "
+            "'min_terms'? its options: [") in err
+    assert "TypeError" not in err
+
+
+def test_a_misspelled_reasoning_gym_dataset_names_the_nearest(write_tiny_config, no_model_build, capsys):
+    config = write_tiny_config(modify=lambda c: c["data"]["init_args"]["parts"][0].update(dataset="basic_arithmetc"))
+    err = _refused(capsys, "--config", str(config))
+    assert "data.parts[add].dataset='basic_arithmetc' is not a reasoning-gym dataset; did you mean 'basic_arithmetic'" \
+        in err
