@@ -60,6 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     tie_to_launcher()  # a worker process dies with the `mrl` process that started it (mrl_lightning.lifeline)
     from_shell = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if threads is not None and not all(n.strip().isdigit() and int(n) > 0 for n in threads.split(",")):  # libgomp
+        print(f"mrl: configuration error: OMP_NUM_THREADS={threads!r} must be a positive integer (or unset); e.g. "
+              "OMP_NUM_THREADS=1, or unset OMP_NUM_THREADS (mrl fit sets torch's threads from trainer.num_threads).",
+              file=sys.stderr, flush=True)
+        return 2
     if argv and argv[0] == "thl":
         from mrl_lightning.hub import hub_load_kwargs
         from mrl_lightning.thl.cli import main as thl_main

@@ -163,3 +163,21 @@ def test_a_misspelled_reasoning_gym_dataset_names_the_nearest(write_tiny_config,
     err = _refused(capsys, "--config", str(config))
     assert "data.parts[add].dataset='basic_arithmetc' is not a reasoning-gym dataset; did you mean 'basic_arithmetic'" \
         in err
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", ""])
+def test_omp_num_threads_that_is_no_positive_integer_is_one_line_before_torch(value):
+    """``OMP_NUM_THREADS=0`` made libgomp print "Invalid value for environment variable OMP_NUM_THREADS" twice."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": value}
+    done = subprocess.run([sys.executable, "-c", "import sys; from mrl_lightning.cli import main; "
+                           "sys.exit(main(['fit', '--config', 'configs/default.yaml'])) if 'torch' not in "
+                           "sys.modules else sys.exit(9)"], env=env, capture_output=True, text=True, cwd=REPO,
+                          timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (f"mrl: configuration error: OMP_NUM_THREADS={value!r} must be a positive integer (or "
+                           "unset); e.g. OMP_NUM_THREADS=1, or unset OMP_NUM_THREADS (mrl fit sets torch's threads "
+                           "from trainer.num_threads).\n")
