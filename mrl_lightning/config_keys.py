@@ -41,8 +41,8 @@ from lightning.pytorch.cli import LightningArgumentParser
 from mrl_lightning.config_reports import CLASS_KEY as _CLASS_KEY
 from mrl_lightning.config_reports import PARSER_KEY as _PARSER_KEY
 from mrl_lightning.config_reports import TOP_KEY as _TOP_KEY
-from mrl_lightning.config_reports import (config_file_naming, config_file_setting, config_paths, error_key,
-                                          missing_config_line, type_message)
+from mrl_lightning.config_reports import (config_file_naming, config_file_setting, config_folder_line, config_paths,
+                                          duplicate_key_lines, error_key, missing_config_line, type_message)
 
 _BARE_KEY = re.compile(r"^Option '([^']+)' is not accepted")
 _UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
@@ -287,12 +287,13 @@ def config_file_problems(args: list[str]) -> list[str]:
     for path in config_paths(args):
         file = Path(path)
         if not file.is_file():
-            missing = missing_config_line(path)  # a directory, or an inline config: left to the parser
+            missing = missing_config_line(path) or config_folder_line(path)  # an inline config: left to the parser
             problems.extend([missing] if missing else [])
             continue
         raw = file.read_bytes()
         try:
             data = yaml.safe_load(raw.decode("utf-8"))
+            problems.extend(duplicate_key_lines(path, raw.decode("utf-8")))
         except UnicodeDecodeError as e:
             line, column = raw.count(b"\n", 0, e.start) + 1, e.start - raw.rfind(b"\n", 0, e.start)
             problems.append(f"config file {path!r} is not UTF-8 text: byte 0x{raw[e.start]:02x} at offset {e.start} "

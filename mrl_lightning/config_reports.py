@@ -212,3 +212,41 @@ def with_nearest(line: str) -> str:
     return (f"{found.group('field')} has unknown {given}" + (f"; {said}" if said else "") + f" valid (nearest "
             f"first): {ranked}. " + ("Replace " + ", ".join(f"{g!r} by {n[0]!r}" for g, n in fixes if n) + " in "
                                      f"{field}." if said else f"Name only valid values in {field}."))
+
+
+def duplicate_key_lines(path: str, text: str) -> list[str]:
+    """One line per key given twice in one mapping of the YAML ``text`` of config file ``path`` (PyYAML keeps the
+    last silently): the dotted key and both line numbers. Empty for a file without (or not valid YAML)."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return []
+    lines, todo = [], [(root, "")]
+    while todo:
+        node, prefix = todo.pop()
+        if isinstance(node, yaml.SequenceNode):
+            todo.extend((item, f"{prefix}[{i}]") for i, item in enumerate(node.value))
+        elif isinstance(node, yaml.MappingNode):
+            first: dict[str, int] = {}
+            for key, value in node.value:
+                name = str(key.value)
+                where = f"{prefix}.{name}" if prefix else name
+                line = key.start_mark.line + 1
+                if name in first:
+                    lines.append((first[name], f"config file {path!r}: {where!r} is given twice, on lines {first[name]} "
+                                              f"and {line}; YAML would keep the second silently. Delete one of them."))
+                else:
+                    first[name] = line
+                todo.append((value, where))
+    return [line for _, line in sorted(lines)]
+
+
+def config_folder_line(value: str) -> str | None:
+    """One line for a ``--config`` value that is a folder: its YAML files, or None when it is not a folder."""
+    folder = Path(value)
+    if not folder.is_dir():
+        return None
+    names = sorted(p.name for p in folder.iterdir() if p.is_file() and p.suffix in (".yaml", ".yml"))
+    shown = ", ".join(str(folder / n) for n in names[:8]) + (" ..." if len(names) > 8 else "")
+    return (f"--config {value!r} is a folder; give one YAML file in it" + (f": {shown}." if names else
+                                                                           " (it holds none)."))

@@ -181,3 +181,21 @@ def test_omp_num_threads_that_is_no_positive_integer_is_one_line_before_torch(va
     assert done.stderr == (f"mrl: configuration error: OMP_NUM_THREADS={value!r} must be a positive integer (or "
                            "unset); e.g. OMP_NUM_THREADS=1, or unset OMP_NUM_THREADS (mrl fit sets torch's threads "
                            "from trainer.num_threads).\n")
+
+
+def test_a_key_given_twice_in_one_config_file_is_refused_naming_both_lines(write_tiny_config, no_model_build, capsys,
+                                                                           tmp_path):
+    """``max_steps: 2500`` and, lower down, ``max_steps: 3``: the run silently took the last."""
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("trainer:\n  max_steps: 2500\n  log_every_n_steps: 1\n  max_steps: 3\n")
+    err = _refused(capsys, "--config", str(write_tiny_config()), "--config", str(twice))
+    assert (f"config file {str(twice)!r}: 'trainer.max_steps' is given twice, on lines 2 and 4; YAML would keep the "
+            "second silently. Delete one of them.") in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_config_path_that_is_a_folder_lists_its_yaml_files(no_model_build, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    err = _refused(capsys, "--config", "configs")
+    assert "--config 'configs' is a folder; give one YAML file in it: " in err
+    assert "configs/default.yaml" in err
