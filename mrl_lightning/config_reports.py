@@ -250,3 +250,27 @@ def config_folder_line(value: str) -> str | None:
     shown = ", ".join(str(folder / n) for n in names[:8]) + (" ..." if len(names) > 8 else "")
     return (f"--config {value!r} is a folder; give one YAML file in it" + (f": {shown}." if names else
                                                                            " (it holds none)."))
+
+
+def model_file_lines(args: list[str]) -> list[str]:
+    """One line per policy ``model`` (``--model.policies.init_args.model`` or a config file's ``model.policies``)
+    that names an existing plain file other than a ``.gguf``: jsonargparse reads such a value as a file and puts
+    the file's contents in its place, so the error that follows names neither the file nor the fix."""
+    given = [(None, args[i + 1]) for i, a in enumerate(args[:-1]) if a == "--model.policies.init_args.model"]
+    given += [(None, a.split("=", 1)[1]) for a in args if a.startswith("--model.policies.init_args.model=")]
+    for path in config_paths(args):
+        try:
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        given += [(path, v) for v in _values(data, "model.policies.init_args.model".split(".")) if isinstance(v, str)]
+    lines = []
+    for where, value in given:
+        file = Path(value).expanduser()
+        if file.suffix.lower() != ".gguf" and file.is_file():
+            lines.append((f"config file {where!r}: " if where else "") + f"model.policies.init_args.model={value!r} "
+                         "is a file, not a model: a model is a folder written by save_pretrained (config.json and the "
+                         "weights), a .gguf file, a hub id (org/name) or a recipe (class_path: "
+                         f"mrl_lightning.recipes.TinyCausalLM). Give the folder that holds the model, e.g. "
+                         f"{str(file.parent)!r} if it is the one.")
+    return lines

@@ -199,3 +199,14 @@ def test_a_config_path_that_is_a_folder_lists_its_yaml_files(no_model_build, cap
     err = _refused(capsys, "--config", "configs")
     assert "--config 'configs' is a folder; give one YAML file in it: " in err
     assert "configs/default.yaml" in err
+
+
+def test_a_model_path_that_is_a_plain_file_is_named_with_what_a_model_is(write_tiny_config, no_model_build, capsys,
+                                                                         tmp_path):
+    """jsonargparse put the file's contents in its place: ``model='hello\\n' is a hub id ... cannot be reached``."""
+    afile = tmp_path / "afile"
+    afile.write_text("hello\n")
+    err = _refused(capsys, "--config", str(write_tiny_config()), "--model.policies.init_args.model", str(afile))
+    assert (f"model.policies.init_args.model={str(afile)!r} is a file, not a model: a model is a folder written by "
+            "save_pretrained (config.json and the weights), a .gguf file, a hub id (org/name) or a recipe") in err
+    assert "hello" not in err
