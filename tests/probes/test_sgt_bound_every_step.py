@@ -50,7 +50,8 @@ def _steps(lm_dir, probe: SuccessGatedTransfer):
         exchange = ExperienceExchange()
         exchange.publish([SuccessRecord(prompt_id="p1", source="peer", step=step, completion_text=" 2", reward=1.0,
                                         verifier="rg_exact", verifier_version="test")])
-        probe.on_compose_batch(SimpleNamespace(exchange=exchange, rollout_step=step), SYSTEM, policy, batch)
+        # the loop has counted the step's rollout phase before its compose: rollout_step is 1 at the first step
+        probe.on_compose_batch(SimpleNamespace(exchange=exchange, rollout_step=step + 1), SYSTEM, policy, batch)
         # g_grpo: the composed batch (group mode rewrites advantages and normalizers) without its transfer term
         plain = _Capture(policy.model.parameters())
         policy_update(policy, TrainBatch(batch.scored, batch.advantages.clone(), counts=dict(batch.counts)),
