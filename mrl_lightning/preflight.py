@@ -73,7 +73,7 @@ def trainer_errors(*, max_steps: int = 1000, log_every_n_steps: int = 10, eval_e
                        ("devices", devices), ("num_nodes", num_nodes)):
         low, zero = (0, " (0 = no evaluation)") if key == "eval_every_n_steps" else (1, "")  # docs/loop.md
         if not isinstance(value, int) or value < low:
-            errors.append(f"trainer.{key}={value!r} must be an integer >= {low}{zero}.")
+            errors.append(f"trainer.{key}={value!r} must be an integer >= {low}{zero}; e.g. --trainer.{key} {low + 1}.")
     if eval_num_generations < 0:
         errors.append(f"trainer.eval_num_generations={eval_num_generations} must be >= 0 (0 = greedy only).")
     if checkpoint_every_n_steps < 0:

@@ -170,7 +170,7 @@ def test_eval_every_n_steps_zero_turns_evaluation_off_at_the_start_and_the_end_t
 
     assert trainer_errors(eval_every_n_steps=0) == []
     assert trainer_errors(eval_every_n_steps=-1) == [
-        "trainer.eval_every_n_steps=-1 must be an integer >= 0 (0 = no evaluation)."]
+        "trainer.eval_every_n_steps=-1 must be an integer >= 0 (0 = no evaluation); e.g. --trainer.eval_every_n_steps 1."]
     run = _fit(write_config(), "--trainer.eval_every_n_steps", "0")
     out = capsys.readouterr().out
     assert "[eval]" not in out and "Done at step 2." in out

@@ -337,13 +337,13 @@ def test_trainer_values_are_read_from_configs_and_overrides_in_their_order(tmp_p
     a.write_text("trainer:\n  max_steps: 0\n  devices: 1\n")
     b.write_text("trainer:\n  max_steps: 4\n")
     assert quick_trainer_errors(["fit", "--config", str(a)], TRAINER_KEYS) == [
-        "trainer.max_steps=0 must be an integer >= 1."]
+        "trainer.max_steps=0 must be an integer >= 1; e.g. --trainer.max_steps 2."]
     assert quick_trainer_errors(["fit", "--config", str(a), "--config", str(b)], TRAINER_KEYS) == []  # later wins
     assert quick_trainer_errors(["fit", "-c", str(a), "--trainer.max_steps=3"], TRAINER_KEYS) == []
     assert quick_trainer_errors(["fit", "--config", str(b), "--trainer.max_steps", "abc",
                                  "--trainer.eval_every_n_steps", "-2"], TRAINER_KEYS) == [
-        "trainer.max_steps='abc' must be an integer >= 1.",
-        "trainer.eval_every_n_steps=-2 must be an integer >= 0 (0 = no evaluation)."]
+        "trainer.max_steps='abc' must be an integer >= 1; e.g. --trainer.max_steps 2.",
+        "trainer.eval_every_n_steps=-2 must be an integer >= 0 (0 = no evaluation); e.g. --trainer.eval_every_n_steps 1."]
     assert quick_trainer_errors(["fit", "--config", str(b), "--trainer.max_step", "0"], TRAINER_KEYS) == []  # unknown
 
 
@@ -364,7 +364,7 @@ def test_a_bad_trainer_value_is_refused_before_the_config_is_parsed(write_tiny_c
 
     monkeypatch.setattr(MRLArgumentParser, "parse_args", no_parse)
     err = _refused(capsys, "--config", str(write_tiny_config()), "--trainer.max_steps", "0")
-    assert err == "mrl: configuration error:\nInvalid trainer config:\n  - trainer.max_steps=0 must be an integer >= 1.\n"
+    assert err == "mrl: configuration error:\nInvalid trainer config:\n  - trainer.max_steps=0 must be an integer >= 1; e.g. --trainer.max_steps 2.\n"
 
 
 def _policies(tmp_path, name: str, *entries: dict):
