@@ -75,15 +75,20 @@ def config_file_setting(key: str | None, args: list[str], value: str | None = No
     if not key:
         return None
     where = None
-    for path in config_paths(args):
-        try:
-            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            continue
+    for path, data in _config_files(args):
         found = _values(data, key.split("."))
         if found and (value is None or any(str(v) == value for v in found)):
             where = path
     return where
+
+
+def _config_files(args: list[str]):
+    """``(path, content)`` of each ``--config`` file in ``args`` that reads as YAML, in order."""
+    for path in config_paths(args):
+        try:
+            yield path, yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
 
 
 def config_paths(args: list[str]) -> list[str]:
@@ -134,11 +139,7 @@ def config_file_naming(args: list[str], key: str, index: int, field: str, name: 
     """The last ``--config`` file in ``args`` whose list ``key`` (``trainer.callbacks``) holds at ``index`` an entry
     whose ``init_args.<field>`` names ``name`` (a key of its mapping, or an item of its list); None when none does."""
     where = None
-    for path in config_paths(args):
-        try:
-            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            continue
+    for path, data in _config_files(args):
         entries = _values(data, key.split("."))
         entries = entries[0] if len(entries) == 1 and isinstance(entries[0], list) else []
         entry = entries[index] if index < len(entries) and isinstance(entries[index], dict) else {}
