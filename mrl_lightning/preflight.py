@@ -317,8 +317,8 @@ def make_fabric(strategy: str, collective_timeout_s: float, **kwargs: Any) -> Fa
                 fabric = Fabric(strategy=PolicyGroupsStrategy(timeout_s=collective_timeout_s), **kwargs)
     except Exception as exc:  # noqa: BLE001 - Lightning refuses settings with RuntimeError, ValueError, its own types
         raise ConfigError(f"Lightning refuses {fields} on this machine: {type(exc).__name__}: "
-                          f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}. Fix the field it names "
-                          "(`mrl fit --help` lists the valid values).") from exc
+                          f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}. " + ("Set --trainer.precision "
+                          "32-true or bf16-mixed." if "precision" in str(exc).lower() else "Fix the field it names.")) from exc
     finally:
         info.removeFilter(hold)
     asked = str(kwargs.get("precision", "32-true"))

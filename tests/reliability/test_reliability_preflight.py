@@ -205,6 +205,11 @@ def test_fp16_mixed_precision_on_a_cpu_is_refused_naming_what_would_run(write_ti
             "--trainer.precision bf16-mixed to run that, or 32-true") in err
 
 
+def test_a_precision_lightning_does_not_know_names_the_ones_to_use(write_tiny_config, no_model_build, capsys):
+    err = _refused(capsys, "--config", str(write_tiny_config()), "--trainer.precision", "fp16")
+    assert "trainer.precision='fp16'" in err and "Set --trainer.precision 32-true or bf16-mixed." in err
+
+
 @pytest.mark.skipif(ON_GPU, reason="the CPU's precision switch")
 def test_lightnings_precision_line_is_held_back_when_refused_and_said_once_when_accepted():
     import logging
