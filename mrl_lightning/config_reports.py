@@ -9,6 +9,7 @@ path that names no file gets the nearest file names of its folder (:func:`missin
 
 from __future__ import annotations
 
+import ast
 import difflib
 import re
 from pathlib import Path
@@ -18,6 +19,7 @@ import yaml
 TOP_KEY = re.compile(r"does not accept option '([^']+)'")
 CLASS_KEY = re.compile(r"class_path '([\w.]+)':\s*\n\s*Option '([^']+)' is not accepted")
 PARSER_KEY = re.compile(r'Parser key "([^"]+)"')
+_SETTING = re.compile(r"^(trainer\.\w+)=(.+?) must ")
 _EXPECTED = re.compile(r"Expected a <class '(\w+)'>")
 _GIVEN = re.compile(r"(?:Got value|Given value): (.*)$", re.M)
 _TYPE_WORDS = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string",
@@ -80,6 +82,20 @@ def config_file_setting(key: str | None, args: list[str], value: str | None = No
         if found and (value is None or any(str(v) == value for v in found)):
             where = path
     return where
+
+
+def with_config_file(line: str, args: list[str]) -> str:
+    """``line`` (``trainer.<key>=<value> must ...``, :func:`mrl_lightning.preflight.trainer_errors`) led by the
+    ``--config`` file in ``args`` that set that value, when one did (docs/reliability.md, row 24b)."""
+    found = _SETTING.match(line)
+    if not found:
+        return line
+    try:
+        value = str(ast.literal_eval(found.group(2)))
+    except (ValueError, SyntaxError):
+        value = found.group(2)
+    where = config_file_setting(found.group(1), args, value)
+    return f"config file {where!r}: {line}" if where else line
 
 
 def _config_files(args: list[str]):

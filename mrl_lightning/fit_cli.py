@@ -16,7 +16,7 @@ import sys
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from mrl_lightning.config_keys import MRLArgumentParser
-from mrl_lightning.config_reports import model_file_lines
+from mrl_lightning.config_reports import model_file_lines, with_config_file
 from mrl_lightning.data.stream import PromptDataModule
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.lifeline import is_launched_worker
@@ -82,7 +82,7 @@ class MRLCLI(LightningCLI):
             files = model_file_lines(argv)  # before jsonargparse reads such a file's contents as the value
             if files:
                 raise ConfigError("Invalid policy config:\n  - " + "\n  - ".join(files))
-            errors = quick_trainer_errors(argv, keys)
+            errors = [with_config_file(line, argv) for line in quick_trainer_errors(argv, keys)]
             if errors:
                 raise ConfigError("Invalid trainer config:\n  - " + "\n  - ".join(errors))
             found = quick_policy_errors(argv)

@@ -210,3 +210,14 @@ def test_a_model_path_that_is_a_plain_file_is_named_with_what_a_model_is(write_t
     assert (f"model.policies.init_args.model={str(afile)!r} is a file, not a model: a model is a folder written by "
             "save_pretrained (config.json and the weights), a .gguf file, a hub id (org/name) or a recipe") in err
     assert "hello" not in err
+
+
+def test_a_trainer_value_of_the_wrong_kind_in_a_config_file_names_the_file(write_tiny_config, no_model_build, capsys,
+                                                                          tmp_path):
+    """``max_steps: "two"`` in a file: the quick trainer check named the value but not the file it came from."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text('trainer:\n  max_steps: "two"\n')
+    err = _refused(capsys, "--config", str(write_tiny_config()), "--config", str(bad))
+    assert f"config file {str(bad)!r}: trainer.max_steps='two' must be an integer >= 1" in err
+    err = _refused(capsys, "--config", str(write_tiny_config()), "--trainer.max_steps", "0")  # the command line's
+    assert "- trainer.max_steps=0 must be an integer >= 1" in err and "config file" not in err
