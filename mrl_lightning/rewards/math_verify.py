@@ -72,6 +72,9 @@ def deadline(seconds: float):
 
     Uses ``signal.setitimer(ITIMER_REAL)``; the previous SIGALRM handler and a running
     timer of the caller are restored afterwards (the latter shortened by the time spent).
+    A block whose deadline fired raises even when the handler's exception was swallowed
+    on its way out (it can land in a garbage-collector callback or a ``__del__``, where
+    Python only prints it, and the block then runs on to a result read past its deadline).
 
     Args:
         seconds: Deadline, > 0.
@@ -85,7 +88,11 @@ def deadline(seconds: float):
         raise ValueError("deadline() needs the main thread of a process (signal.setitimer); "
                          "from another thread, score in a process pool (MathVerifyReward(executor='process')).")
 
+    fired = False
+
     def _raise(signum, frame):
+        nonlocal fired
+        fired = True
         raise CheckTimeout(f"check ran past {seconds} s")
 
     previous = signal.signal(signal.SIGALRM, _raise)
@@ -93,6 +100,8 @@ def deadline(seconds: float):
     outer_delay, outer_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
+        if fired:  # the handler's exception was swallowed inside the block
+            raise CheckTimeout(f"check ran past {seconds} s")
     finally:
         try:  # nested, so that a signal landing in this cleanup still restores the handler
             signal.setitimer(signal.ITIMER_REAL, 0)
