@@ -1,13 +1,21 @@
 """What the real pair learns: configs/real_small.yaml under SGT and under none, same seed (docs/real_models.md).
 
     python benchmarks/real_pair.py --steps 60 --out runs/real_pair
+    python benchmarks/real_pair.py --steps 60 --arms none sgt prp xgrpo --seeds 0 1 2 --drop-checkpoints \
+        --out runs/real_arms -- --trainer.precision 32-true     # the paired study (docs/results.md)
     python benchmarks/real_pair.py --steps 2 --arms sgt --out /tmp/real_pair_smoke     # a smoke run
 
 Runs ``mrl fit --config configs/real_small.yaml`` (SmolLM2-135M-Instruct and Gemma 3 270M,
-two worker processes) for ``--steps`` steps once per arm, one arm after the other (time them
-alone on the machine): ``sgt`` is the config as shipped, ``none`` adds ``callbacks/none.yaml``.
-Extra ``mrl fit`` arguments go after ``--``. Then reads each run's TensorBoard events and
-writes ``summary.md`` / ``summary.json`` (printed too), per arm and policy:
+two worker processes) for ``--steps`` steps once per arm and seed, one run after the other,
+seed by seed (so that the arms of a seed are done together; time them alone on the machine):
+``sgt`` is the config as shipped, ``none``, ``prp`` and ``xgrpo`` stack ``callbacks/<arm>.yaml``
+on it. With one seed a run lands in ``<out>/<arm>/run``, with several in
+``<out>/<arm>/seed<k>``; ``--drop-checkpoints`` deletes a finished run's ``checkpoints/``
+(4.6 GB of this pair; the events stay). A run already finished (its ``done`` marker) is
+not run again, so the command resumes a study that was stopped. Extra ``mrl fit`` arguments
+go after ``--``. Then reads each run's TensorBoard events and writes ``summary.md`` /
+``summary.json`` (printed too), per arm, seed and policy (the comparison over seeds with
+intervals is ``benchmarks/real_arms.py``):
 
 - greedy success on the held-out prompts of each part at the first and last evaluation
   (``eval/<p>/greedy_success_<part>``);
@@ -31,28 +39,33 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-ARMS = {"sgt": [], "none": ["--config", str(REPO / "callbacks" / "none.yaml")]}
+ARMS = {"sgt": [], **{arm: ["--config", str(REPO / "callbacks" / f"{arm}.yaml")] for arm in ("none", "prp", "xgrpo")}}
 THL_KEYS = ("boundary_agreement", "tokens_per_chunk", "logprob_mass_moved", "round_trip_failures")
 
 
-def run_arm(arm: str, steps: int, out: Path, extra: list[str]) -> float:
-    """``mrl fit`` of one arm; returns its wall time in seconds."""
+def run_arm(arm: str, steps: int, out: Path, extra: list[str], seed: int | None = None,
+            version: str = "run") -> float:
+    """``mrl fit`` of one arm (at ``seed``; None = the config's); returns its wall time in seconds."""
+    seeded = [] if seed is None else ["--seed_everything", str(seed)]
     cmd = [sys.executable, "-m", "mrl_lightning.cli", "fit", "--config", str(REPO / "configs" / "real_small.yaml"),
-           *ARMS[arm], "--trainer.max_steps", str(steps), "--trainer.default_root_dir", str(out / arm),
-           "--trainer.version", "run", "--trainer.enable_progress_bar", "false", *extra]
-    print(f"[{arm}] {' '.join(cmd[3:])}", flush=True)
+           *ARMS[arm], *seeded, "--trainer.max_steps", str(steps), "--trainer.default_root_dir", str(out / arm),
+           "--trainer.version", version, "--trainer.enable_progress_bar", "false", *extra]
+    label = arm if seed is None else f"{arm} seed {seed}"
+    print(f"[{label}] {' '.join(cmd[3:])}", flush=True)
     t0 = time.perf_counter()
-    with open(out / f"{arm}.log", "w") as log:
+    log_path = out / f"{arm}.log" if seed is None else out / f"{arm}_{version}.log"
+    with open(log_path, "w") as log:
         code = subprocess.call(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                env=dict(os.environ, TOKENIZERS_PARALLELISM="false"))
     if code:
-        raise SystemExit(f"[{arm}] mrl fit failed ({code}); see {out / f'{arm}.log'}")
+        raise SystemExit(f"[{label}] mrl fit failed ({code}); see {log_path}")
     return time.perf_counter() - t0
 
 
@@ -132,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=60, help="training steps per arm")
     parser.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=["sgt", "none"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=None,
+                        help="seeds (seed_everything); default: the config's, into <out>/<arm>/run")
+    parser.add_argument("--drop-checkpoints", action="store_true", help="delete a finished run's checkpoints/")
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "real_pair")
     parser.add_argument("--summarize-only", action="store_true", help="read the runs already in --out")
     args = parser.parse_args(argv)
@@ -142,16 +158,26 @@ def main(argv: list[str] | None = None) -> int:
     policies = [p["init_args"]["name"] for p in cfg["model"]["policies"]]
     parts = [part["name"] for part in cfg["data"]["init_args"]["parts"]]
     walls = json.loads((args.out / "walls.json").read_text()) if (args.out / "walls.json").exists() else {}
-    for arm in args.arms:
-        if not args.summarize_only:
-            walls[arm] = round(run_arm(arm, args.steps, args.out, extra), 1)
-            (args.out / "walls.json").write_text(json.dumps(walls))
-    summary = {arm: summarize_arm(scalars(args.out / arm / "run"), policies, parts) for arm in args.arms}
-    for arm in args.arms:
-        summary[arm]["_wall_s"] = walls.get(arm, math.nan)
+    runs = [(arm, None, "run") for arm in args.arms] if args.seeds is None else \
+        [(arm, seed, f"seed{seed}") for seed in args.seeds for arm in args.arms]
+    for arm, seed, version in runs:
+        label = arm if seed is None else f"{arm}/{version}"
+        done = args.out / arm / version / "done"
+        if args.summarize_only or done.exists():
+            continue
+        walls[label] = round(run_arm(arm, args.steps, args.out, extra, seed, version), 1)
+        (args.out / "walls.json").write_text(json.dumps(walls))
+        if args.drop_checkpoints:
+            shutil.rmtree(args.out / arm / version / "checkpoints", ignore_errors=True)
+        done.write_text(f"{walls[label]}\n")
+    summary = {}
+    for arm, seed, version in runs:
+        label = arm if seed is None else f"{arm}/{version}"
+        summary[label] = summarize_arm(scalars(args.out / arm / version), policies, parts)
+        summary[label]["_wall_s"] = walls.get(label, math.nan)
     text = table(summary, policies, parts)
-    walls_line = ", ".join(f"{arm} {summary[arm]['_wall_s']:.0f} s (exchange {summary[arm]['_exchange_time_s']:.2f} s "
-                           "a step)" for arm in args.arms)
+    walls_line = ", ".join(f"{label} {res['_wall_s']:.0f} s (exchange {res['_exchange_time_s']:.2f} s "
+                           "a step)" for label, res in summary.items())
     (args.out / "summary.md").write_text(f"steps {args.steps}; wall: {walls_line}\n\n{text}\n")
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     print(f"steps {args.steps}; wall: {walls_line}\n{text}")
