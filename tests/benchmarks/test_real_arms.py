@@ -1,0 +1,191 @@
+"""benchmarks/real_arms.py on synthetic run folders whose numbers are worked out by hand here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "real_arms.py"
+T2 = 4.303  # Student t, 97.5%, 2 degrees of freedom (3 seeds)
+EVAL_STEPS = (0, 20, 40, 60)
+CONFIG = {"seed_everything": 0, "trainer": {"eval_num_generations": 4},
+          "model": {"policies": [{"init_args": {"name": "a", "strong_parts": ["x"]}},
+                                 {"init_args": {"name": "b", "strong_parts": ["y"]}}]},
+          "data": {"init_args": {"eval_size": 60, "parts": [{"name": "x"}, {"name": "y", "eval_size": 24}]}}}
+# policy a's strong part x, sampled success at EVAL_STEPS, per arm and seed
+STRONG = {"none": {0: [0.5, 0.4, 0.45, 0.2], 1: [0.6, 0.6, 0.55, 0.5], 2: [0.4, 0.3, 0.35, 0.8]},
+          "sgt": {0: [0.5, 0.3, 0.4, 0.25], 1: [0.6, 0.5, 0.6, 0.6], 2: [0.4, 0.35, 0.2, 0.95]}}
+# the control for rescue, last logged value: (rescued or would-be, not rescued)
+RESCUE = {"none": {0: (0.5, 0.3), 1: (0.4, 0.3), 2: (0.6, 0.3)},
+          "sgt": {0: (0.8, 0.4), 1: (0.6, 0.4), 2: (0.7, 0.4)}}
+STEP_S = {"none": {0: 10.0, 1: 20.0, 2: 10.0}, "sgt": {0: 12.0, 1: 30.0, 2: 11.0}}
+
+
+@pytest.fixture(scope="module")
+def real_arms():
+    spec = importlib.util.spec_from_file_location("real_arms_benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_run(root: Path, arm: str, seed: int, scalars: dict[str, list[tuple[int, float]]], done: bool = True):
+    from torch.utils.tensorboard import SummaryWriter
+
+    folder = root / arm / f"seed{seed}"
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(yaml.safe_dump(CONFIG))
+    writer = SummaryWriter(str(folder))
+    for tag, points in scalars.items():
+        for step, value in points:
+            writer.add_scalar(tag, value, step)
+    writer.close()
+    if done:
+        (folder / "done").write_text("1.0\n")
+
+
+def synthetic_run(arm: str, seed: int, steps: int = 60) -> dict[str, list[tuple[int, float]]]:
+    prefix = "sgt" if arm == "sgt" else "none"
+    marked = "rescued" if arm == "sgt" else "would_be_rescued"
+    hit, other = RESCUE[arm][seed]
+    s = {"eval/a/success_x": [(k, v) for k, v in zip(EVAL_STEPS, STRONG[arm][seed]) if k <= steps],
+         "eval/a/greedy_success_x": [(k, 0.5) for k in EVAL_STEPS if k <= steps],
+         # an earlier, different value: the whole run's share is the last one
+         f"probe/{prefix}/a/later_solved_share_{marked}": [(10, 0.0), (steps, hit)],
+         f"probe/{prefix}/a/later_solved_share_not_rescued": [(10, 1.0), (steps, other)],
+         "train/step_time_s": [(1, 100.0)] + [(k, STEP_S[arm][seed]) for k in range(2, steps + 1)],
+         "train/a/update_time_s": [(1, 50.0)] + [(k, 4.0) for k in range(2, steps + 1)],
+         "train/a/aux_loss_time_s": [(1, 50.0)] + [(k, 0.5 if arm == "sgt" else 0.0) for k in range(2, steps + 1)],
+         "train/a/compose_time_s": [(1, 50.0)] + [(k, 0.5) for k in range(2, steps + 1)]}
+    for part in ("x", "y"):
+        for policy in ("a", "b"):
+            s.setdefault(f"eval/{policy}/success_{part}", [(k, 0.1) for k in EVAL_STEPS if k <= steps])
+            s.setdefault(f"eval/{policy}/greedy_success_{part}", [(k, 0.1) for k in EVAL_STEPS if k <= steps])
+    return s
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory, real_arms):
+    root = tmp_path_factory.mktemp("real_arms")
+    for arm in ("none", "sgt"):
+        for seed in (0, 1, 2):
+            write_run(root, arm, seed, synthetic_run(arm, seed))
+    write_run(root, "sgt", 3, synthetic_run("sgt", 0, steps=40), done=False)  # still running: not read by default
+    (root / "walls.json").write_text(json.dumps({"none/seed0": 600.0, "sgt/seed0": 700.0}))
+    return root, real_arms.compare(root, plot=True)
+
+
+def row(rows: list[dict], **match) -> dict:
+    found = [r for r in rows if all(r[k] == v for k, v in match.items())]
+    assert len(found) == 1, (match, found)
+    return found[0]
+
+
+def ci(values: list[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, T2 * sd / math.sqrt(n)
+
+
+def test_paired_end_difference_pairs_each_seed_with_nones_same_seed(study):
+    _, result = study
+    diff = row(result["tables"]["paired"], arm="sgt", policy="a", part="x")["sampled_end_diff"]
+    # sgt - none at step 60 per seed: 0.25 - 0.2, 0.6 - 0.5, 0.95 - 0.8 = 0.05, 0.10, 0.15
+    assert diff["n"] == 3
+    assert diff["mean"] == pytest.approx(0.10)
+    assert diff["ci95"] == pytest.approx(T2 * 0.05 / math.sqrt(3))  # sd of (0.05, 0.10, 0.15) is 0.05
+    # paired across the wrong seeds (sgt seed 0 with none seed 2, ...) the interval would be ~1.1 wide
+    assert diff["ci95"] < 0.13
+
+
+def test_strong_part_worst_drop_is_the_lowest_point_below_the_start(study):
+    _, result = study
+    harm = row(result["tables"]["harm"], arm="sgt", policy="a")
+    # sgt: seed 0 min(0.3, 0.4, 0.25) - 0.5 = -0.25; seed 1 0.5 - 0.6 = -0.1; seed 2 0.2 - 0.4 = -0.2
+    mean, half = ci([-0.25, -0.1, -0.2])
+    assert harm["sampled_worst_drop"]["mean"] == pytest.approx(mean) == pytest.approx(-0.18333333)
+    assert harm["sampled_worst_drop"]["ci95"] == pytest.approx(half)
+    # none: -0.3, -0.1, -0.1; paired sgt - none: 0.05, 0.0, -0.1
+    mean, half = ci([0.05, 0.0, -0.1])
+    assert harm["sampled_diff"]["mean"] == pytest.approx(mean)
+    assert harm["sampled_diff"]["ci95"] == pytest.approx(half)
+    assert row(result["tables"]["harm"], arm="none", policy="a")["sampled_diff"]["n"] == 0
+
+
+def test_start_and_end_are_the_first_and_last_evaluation_over_finished_seeds(study):
+    _, result = study
+    r = row(result["tables"]["success"], arm="sgt", policy="a", part="x")
+    assert (r["role"], r["questions"], r["seeds"]) == ("strong", 60, 3)  # the unfinished seed 3 is left out
+    assert r["sampled_start"]["mean"] == pytest.approx(0.5)
+    assert r["sampled_end"]["mean"] == pytest.approx((0.25 + 0.6 + 0.95) / 3)
+    assert row(result["tables"]["success"], arm="sgt", policy="b", part="y")["questions"] == 24
+    assert [(r["policy"], r["part"], r["role"]) for r in result["tables"]["success"] if r["arm"] == "none"] == \
+        [("a", "x", "strong"), ("a", "y", "weak"), ("b", "y", "strong"), ("b", "x", "weak")]
+
+
+def test_rescue_gap_uses_the_last_logged_shares_and_pairs_with_nones_would_be_gap(study):
+    _, result = study
+    sgt = row(result["tables"]["rescue"], arm="sgt", policy="a")
+    none = row(result["tables"]["rescue"], arm="none", policy="a")
+    assert sgt["gap"]["mean"] == pytest.approx(0.3) and none["gap"]["mean"] == pytest.approx(0.2)
+    mean, half = ci([0.2, 0.1, 0.0])  # gaps 0.4, 0.2, 0.3 against 0.2, 0.1, 0.3
+    assert sgt["gap_diff"]["mean"] == pytest.approx(mean)
+    assert sgt["gap_diff"]["ci95"] == pytest.approx(half)
+    assert row(result["tables"]["rescue"], arm="sgt", policy="b")["gap"]["n"] == 0
+    assert "no data" in result["text"]
+
+
+def test_cost_skips_step_one_and_takes_the_paired_ratio(study):
+    _, result = study
+    cost = row(result["tables"]["cost"], arm="sgt")
+    assert cost["step_time_s"]["mean"] == pytest.approx((12 + 30 + 11) / 3)
+    mean, half = ci([1.2, 1.5, 1.1])
+    assert cost["step_time_ratio"]["mean"] == pytest.approx(mean)
+    assert cost["step_time_ratio"]["ci95"] == pytest.approx(half)
+    assert cost["wall_s"] == {"mean": 700.0, "ci95": pytest.approx(math.nan, nan_ok=True), "n": 1}
+    own = row(result["tables"]["policy_cost"], arm="sgt", policy="a")
+    assert own["own_s"]["mean"] == pytest.approx(1.0) and own["own_share"]["mean"] == pytest.approx(0.25)
+
+
+def test_written_files_and_a_rerun_prints_the_same_text(study, real_arms):
+    root, result = study
+    assert (root / "comparison.md").read_text() == result["text"]
+    assert (root / "curves.png").stat().st_size > 0
+    saved = json.loads((root / "comparison.json").read_text())
+    assert [(r["arm"], r["seed"]) for r in saved["runs"]] == [(a, s) for a in ("none", "sgt") for s in (0, 1, 2)]
+    assert real_arms.compare(root, plot=False)["text"] == result["text"]
+
+
+def test_unfinished_run_is_read_on_request_and_paired_up_to_its_last_evaluation(study, real_arms):
+    root, _ = study
+    result = real_arms.compare(root, include_unfinished=True, plot=False)
+    assert row(result["tables"]["success"], arm="sgt", policy="a", part="x")["seeds"] == 4
+    assert "sgt/seed3 (logged to step 40, last evaluation at step 40)" in result["text"]
+    # seed 3 has no none run to pair with: the pairs stay seeds 0-2
+    assert row(result["tables"]["paired"], arm="sgt", policy="a", part="x")["sampled_end_diff"]["n"] == 3
+
+
+def test_unfinished_pair_compares_both_runs_at_their_last_common_evaluation(real_arms):
+    mine = {0: [[0, 0.5], [20, 0.3], [40, 0.4]]}
+    theirs = {0: [[0, 0.5], [20, 0.4], [40, 0.45], [60, 0.9]]}
+    assert real_arms.paired_stat(mine, theirs, real_arms.end)["mean"] == pytest.approx(0.4 - 0.45)
+    assert real_arms.paired_stat(mine, theirs, real_arms.worst_drop)["mean"] == pytest.approx(-0.2 - -0.1)
+
+
+def test_prp_weight_relative_variance_is_one_over_ess_minus_one_on_steps_with_units(real_arms):
+    # ess per unit = mean(w)^2 / mean(w^2): weights (1, 0) give 1/2, so Var(w) / mean(w)^2 = 1
+    s = {"probe/prp/a/units": [(1, 0.0), (2, 10.0), (3, 4.0)],
+         "probe/prp/a/ess": [(1, 0.0), (2, 0.5), (3, 0.8)],
+         "probe/prp/a/log_ratio_abs_max": [(1, 0.0), (2, 3.0), (3, 1.5)],
+         "thl/prp/a/logprob_mass_moved": [(2, 0.1), (3, 0.3)]}
+    prp = real_arms.probe_numbers(s, "a")["prp"]
+    assert prp["ess"] == pytest.approx(0.65)  # the step without units (ess logged as 0) is left out
+    assert prp["weight_rel_var"] == pytest.approx((1.0 + 0.25) / 2)
+    assert prp["log_ratio_abs_max"] == 3.0 and prp["thl_mass_moved"] == pytest.approx(0.2)
+    assert math.isnan(real_arms.probe_numbers(s, "a")["xgrpo"]["baseline_shift"])
