@@ -152,7 +152,7 @@ def newest_loadable(root: Path) -> tuple[Path | None, int, int]:
     Returns:
         ``(path or None, its step or -1, how many checkpoint files failed to load)``.
     """
-    from mrl_lightning.checkpoint import CheckpointError, load_checkpoint
+    from mrl_lightning.run.checkpoint import CheckpointError, load_checkpoint
 
     best, best_step, broken = None, -1, 0
     for path in sorted(root.glob("*/checkpoints/*.ckpt")):
@@ -188,7 +188,7 @@ def compare(a: dict, b: dict, where: str = "") -> list[str]:
 
 def run_chaos(out: Path, kills: int, max_steps: int, seed: int, step_timeout_s: float, compress: bool = True,
               default: bool = False, checkpoint_every: int = 1) -> dict:
-    from mrl_lightning.checkpoint import load_checkpoint
+    from mrl_lightning.run.checkpoint import load_checkpoint
     from mrl_lightning.exchange import read_log, record_key
 
     rng = random.Random(seed)

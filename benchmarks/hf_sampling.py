@@ -42,7 +42,7 @@ def prompts_for(tok, count: int) -> list[list[int]]:
     """``count`` addition prompts as token ids, in the tokenizer's chat format when it has one."""
     import reasoning_gym
 
-    from mrl_lightning.chat import encode_rendered, render_chat_prompt
+    from mrl_lightning.model.chat import encode_rendered, render_chat_prompt
 
     data = reasoning_gym.create_dataset("basic_arithmetic", seed=0, size=count, min_terms=2, max_terms=2,
                                         min_digits=2, max_digits=3, operators=["+"])

@@ -122,7 +122,7 @@ def start(config: Path, marker: Path, version: str, ckpt: Path | None, log: Path
 
 
 def run(out: Path, kills: int, max_steps: int, seed: int, bound_s: float, training_share: float = 0.0) -> dict:
-    from mrl_lightning.checkpoint import load_checkpoint
+    from mrl_lightning.run.checkpoint import load_checkpoint
     from mrl_lightning.exchange import read_log, record_key
 
     rng = random.Random(seed)

@@ -4,7 +4,7 @@
 
 For a model folder, ``--rows`` completions of ``--length`` tokens behind ``--prompts`` distinct
 prompts (random token ids; prompts shared as in training), the policy's forward
-(:func:`mrl_lightning.logprobs.completion_logprobs`, with entropy, as the first inner iteration)
+(:func:`mrl_lightning.model.logprobs.completion_logprobs`, with entropy, as the first inner iteration)
 and the backward of a loss over every counted token, in float32 or under bf16 autocast
 (``--precision``), by
 
@@ -37,7 +37,7 @@ def child(args) -> dict:
     import psutil
     from transformers import AutoModelForCausalLM
 
-    from mrl_lightning.logprobs import LOGPROB_CHUNK_ELEMENTS, completion_logprobs
+    from mrl_lightning.model.logprobs import LOGPROB_CHUNK_ELEMENTS, completion_logprobs
 
     torch.set_num_threads(args.threads)
     model = AutoModelForCausalLM.from_pretrained(str(args.model), dtype=torch.float32)

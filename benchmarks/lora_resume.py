@@ -6,7 +6,7 @@ import os, signal, subprocess, sys, time, json
 from pathlib import Path
 import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mrl_lightning.checkpoint import load_checkpoint
+from mrl_lightning.run.checkpoint import load_checkpoint
 
 M = Path(__file__).resolve().parents[1]; OUT = M / "runs" / "lora_resume"; OUT.mkdir(parents=True, exist_ok=True)
 MRL = str(M / ".venv/bin/mrl")

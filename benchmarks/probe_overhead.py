@@ -21,7 +21,7 @@ the invocation then hits every arm alike). It prints, per arm (medians over roun
   own)``. Both come from the same steps, so the machine's speed cancels. Targets: SGT and
   XGRPO at most 5%. The three parts are printed too. On SGT's fused steps its loss term has
   no passes of its own: its time is the padding, its loss and an upper bound on its rows' part
-  of the shared pass (``mrl_lightning/update.py``);
+  of the shared pass (``mrl_lightning/update/policy_update.py``);
 - PRP: the cost of one pooled peer sample relative to one own sample, from its own time,
   ``(own / pooled per step) / ((step - own) / own samples per step)`` (target: at most
   1.3), and from the A/B times, ``((t_prp - t_none) / pooled) / (t_none / own samples)``.

@@ -137,7 +137,7 @@ def prepare(cfg: dict, cache: Path) -> dict[str, dict]:
     os.environ["MRL_CACHE_DIR"] = str(cache)
     from transformers import AutoTokenizer
 
-    from mrl_lightning.chat import encode_rendered, end_of_turn_id
+    from mrl_lightning.model.chat import encode_rendered, end_of_turn_id
     from mrl_lightning.policy import PolicyModule
 
     def build(spec):

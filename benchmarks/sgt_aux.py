@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
                              "and print both per token (0: not)")
     parser.add_argument("--materialize", action="store_true",
                         help="take the tied head's gradient whole, as a group of several ranks does (default: as "
-                             "one rank does, its factors, mrl_lightning/head_factors.py)")
+                             "one rank does, its factors, mrl_lightning/model/head_factors.py)")
     args = parser.parse_args(argv)
 
     from lightning.fabric import Fabric
@@ -60,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     from mrl_lightning.builders import build_policy
     from mrl_lightning.callbacks.sgt_terms import _SGTTransferLoss
     from mrl_lightning.objectives.aux_share import backward_aux_losses
-    from mrl_lightning.head_factors import factorable_weight
-    from mrl_lightning.update import term_attention
-    from mrl_lightning.weight_casts import shared_casts
+    from mrl_lightning.model.head_factors import factorable_weight
+    from mrl_lightning.update.policy_update import term_attention
+    from mrl_lightning.model.weight_casts import shared_casts
     from mrl_lightning.policy import PolicyModule
 
     torch.set_num_threads(1)
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             p.grad = g0.clone()
 
     def once(timed: list | None = None) -> dict:
-        with shared_casts("cpu"):  # as the update (mrl_lightning/update.py): one cast per weight
+        with shared_casts("cpu"):  # as the update (mrl_lightning/update/policy_update.py): one cast per weight
             grpo_pass()
             t0 = time.perf_counter()
             with term_attention(fabric, [term]):  # as the update

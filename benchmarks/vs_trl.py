@@ -187,8 +187,8 @@ def run_ours(folder: Path, data, steps: int, s: Settings, out: Path, profile: Pa
     from mrl_lightning.callbacks.base import MRLCallback
     from mrl_lightning.policy import PolicyModule
     from mrl_lightning.rewards import ReasoningGymAccuracy
-    from mrl_lightning.system import MutualRL
-    from mrl_lightning.trainer import MRLTrainer
+    from mrl_lightning.loop.system import MutualRL
+    from mrl_lightning.loop.trainer import MRLTrainer
 
     timers = Timers()
     profiler = None
@@ -223,7 +223,7 @@ def run_ours(folder: Path, data, steps: int, s: Settings, out: Path, profile: Pa
     original_eval = trainer._evaluate
     trainer._evaluate = lambda *a, **k: None  # no held-out evaluation inside the timed loop
     import mrl_lightning.policy as policy_module
-    import mrl_lightning.system as system_module
+    import mrl_lightning.loop.system as system_module
 
     timers.wrap(system_module.MutualRL, "rollout", "sampling")
     timers.wrap(policy_module.PolicyModule, "completion_logprobs", "logprob_forward")

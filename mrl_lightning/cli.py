@@ -1,10 +1,10 @@
 """The ``mrl`` command.
 
 ``mrl fit --config configs/default.yaml [--config callbacks/sgt.yaml] [--trainer.max_steps N]``
-runs training through LightningCLI (:class:`mrl_lightning.fit_cli.MRLCLI`); ``mrl fit
+runs training through LightningCLI (:class:`mrl_lightning.commands.fit.MRLCLI`); ``mrl fit
 --help`` lists every option. ``mrl thl ...`` (THL alignment report, ``docs/thl.md``) and
 ``mrl bandit ...`` (contextual-bandit analysis, ``docs/bandit.md``) and ``mrl export ...`` (a
-trained policy as a ``save_pretrained`` folder, :mod:`mrl_lightning.export`) are plain sub-programs.
+trained policy as a ``save_pretrained`` folder, :mod:`mrl_lightning.commands.export`) are plain sub-programs.
 
 Start-up: this module imports nothing heavy. Lightning, torch and the models are imported
 only by the sub-command that needs them, so ``mrl --help`` answers at once and ``mrl thl``
@@ -38,7 +38,7 @@ Documentation: docs/README.md
 def __getattr__(name: str):
     """``mrl_lightning.cli.MRLCLI``, imported on first use (it pulls in Lightning)."""
     if name == "MRLCLI":
-        from mrl_lightning.fit_cli import MRLCLI
+        from mrl_lightning.commands.fit import MRLCLI
 
         return MRLCLI
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -52,10 +52,10 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns:
         The exit status: 0 on success (``mrl --help`` included), 2 on a configuration error,
-        a full disk (:func:`mrl_lightning.run_stop.disk_full_line`) or no sub-command (the usage
+        a full disk (:func:`mrl_lightning.run.stop.disk_full_line`) or no sub-command (the usage
         then goes to stderr), 1 on any other error, 130 when
         interrupted (Ctrl-C), 3 in a worker that stopped because a peer failed
-        (:mod:`mrl_lightning.run_stop`).
+        (:mod:`mrl_lightning.run.stop`).
     """
     tie_to_launcher()  # a worker process dies with the `mrl` process that started it (mrl_lightning.lifeline)
     from_shell = argv is None
@@ -67,13 +67,13 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr, flush=True)
         return 2
     if argv and argv[0] == "thl":
-        from mrl_lightning.hub import hub_load_kwargs
+        from mrl_lightning.model.hub import hub_load_kwargs
         from mrl_lightning.thl.cli import main as thl_main
 
         return thl_main(argv[1:], hub_kwargs=lambda spec, option: hub_load_kwargs(
             spec, option, "tokenizer spec", filename="tokenizer_config.json"))
     if argv and argv[0] == "export":
-        from mrl_lightning.export import main as export_main
+        from mrl_lightning.commands.export import main as export_main
 
         return export_main(argv[1:])
     if argv and argv[0] == "bandit":
@@ -120,7 +120,7 @@ def _import_fit_cli():
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         previous = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
     try:
-        from mrl_lightning.fit_cli import MRLCLI
+        from mrl_lightning.commands.fit import MRLCLI
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
@@ -129,10 +129,10 @@ def _import_fit_cli():
 
 def _stopped(exc: BaseException) -> int:
     """Print this process's one message about ``exc`` (or nothing: another rank speaks); the exit status."""
-    from mrl_lightning.run_stop import StopContext, config_error_in, config_error_text, stop_run
+    from mrl_lightning.run.stop import StopContext, config_error_in, config_error_text, stop_run
 
     if config_error_in(exc) is None and _from_config_parsing(exc):
-        from mrl_lightning.config_reports import union_cause
+        from mrl_lightning.config.reports import union_cause
 
         # jsonargparse folds nested ConfigErrors into a Union message: the class's own error, one line a cause
         print(config_error_text(union_cause(str(exc)) or exc), file=sys.stderr, flush=True)

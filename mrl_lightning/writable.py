@@ -6,7 +6,7 @@ a path through a file refuse writes whatever they say. :func:`write_problem` fin
 nearest folder of the path that exists and writes a byte to a temporary file in it (an
 empty file needs no free block: a full disk accepts it), so nothing is left behind and no
 folder is created by asking. :func:`disk_full_in` finds ``ENOSPC`` behind another error
-(torch's zip writer hides it), for the one line a full disk gets (:mod:`mrl_lightning.run_stop`).
+(torch's zip writer hides it), for the one line a full disk gets (:mod:`mrl_lightning.run.stop`).
 :func:`file_damage` tells a truncated checkpoint file from a whole one by its structure alone,
 and a file of another kind (a text file) from both; :func:`fsync_dir` makes a rename in a folder
 durable (docs/loop.md, "Checkpoints").

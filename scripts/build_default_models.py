@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from mrl_lightning.builders import materialize
-    from mrl_lightning.export import build_only
-    from mrl_lightning.model_source import ModelRecipe
+    from mrl_lightning.commands.export import build_only
+    from mrl_lightning.model.source import ModelRecipe
 
     cli = build_only(args.config)
     cli.datamodule.setup("fit")

@@ -19,7 +19,7 @@ For each model, in bf16 on one GPU, with the project's own components:
   of transformers' static KV cache (``cache_implementation="static"``, which ``generate`` compiles
   with ``torch.compile`` on a GPU; its first call, the compile, is timed apart), as a candidate
   engine option. The model is cast to bf16 for the three.
-- ``update``: the project's loop (:class:`~mrl_lightning.trainer.MRLTrainer`, one
+- ``update``: the project's loop (:class:`~mrl_lightning.loop.trainer.MRLTrainer`, one
   :class:`~mrl_lightning.policy.PolicyModule`, ``bf16-mixed``, fused AdamW, ``dapo``, beta 0, the
   ``none`` probe) for a few steps: the update's tokens/s and its MFU (6 x matmul parameters x the
   tokens the update computes, each distinct prompt once plus every completion, over the seconds and
@@ -265,8 +265,8 @@ def loop_part(names: list[str], folders: dict[str, Path], s: Settings, out: Path
     from mrl_lightning.callbacks import NoSharing
     from mrl_lightning.callbacks.base import MRLCallback
     from mrl_lightning.mwra.plan import worker_memory_gib
-    from mrl_lightning.system import MutualRL
-    from mrl_lightning.trainer import MRLTrainer
+    from mrl_lightning.loop.system import MutualRL
+    from mrl_lightning.loop.trainer import MRLTrainer
 
     steps: list[dict] = []
     marks = [0.0]
@@ -346,10 +346,10 @@ def sgt_part(folder: Path, s: Settings, step_s: float, prompt_tokens: int) -> tu
 
     from mrl_lightning.builders import build_policy
     from mrl_lightning.callbacks.sgt_terms import _SGTTransferLoss
-    from mrl_lightning.head_factors import factorable_weight
+    from mrl_lightning.model.head_factors import factorable_weight
     from mrl_lightning.objectives.aux_share import backward_aux_losses
-    from mrl_lightning.update import term_attention
-    from mrl_lightning.weight_casts import shared_casts
+    from mrl_lightning.update.policy_update import term_attention
+    from mrl_lightning.model.weight_casts import shared_casts
 
     policy = policy_for(SGT_SHAPE, folder, s)
     build_policy(policy)

@@ -94,10 +94,10 @@ def run_check(steps: int = 3, family: str = "llama", dtype: str = "bfloat16", pr
         return 2 if require_vllm else 0
     from lightning.fabric import Fabric
 
-    from mrl_lightning.batch import TrainBatch
+    from mrl_lightning.update.batch import TrainBatch
     from mrl_lightning.builders import build_policy, build_vllm_engine
     from mrl_lightning.policy import PolicyModule
-    from mrl_lightning.update import policy_update
+    from mrl_lightning.update.policy_update import policy_update
 
     failures: list[str] = []
     rows: list[dict] = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from mrl_lightning.chat import (
+from mrl_lightning.model.chat import (
     chat_template_errors,
     encode_rendered,
     end_of_turn_id,

@@ -69,7 +69,7 @@ def test_sub_program_help_imports_neither_lightning_nor_torch(sub):
 
 
 def test_fit_help_lists_every_trainer_option_in_one_usage_block():
-    from mrl_lightning.trainer import MRLTrainer  # what the help must cover
+    from mrl_lightning.loop.trainer import MRLTrainer  # what the help must cover
 
     proc = subprocess.run([sys.executable, "-m", "mrl_lightning.cli", "fit", "--help"], capture_output=True,
                           text=True, timeout=300)
@@ -90,9 +90,9 @@ def test_fit_help_lists_every_trainer_option_in_one_usage_block():
 
 
 def test_help_markup_is_removed_and_other_backquotes_kept():
-    from mrl_lightning.config_keys import plain_help
+    from mrl_lightning.config.keys import plain_help
 
-    text = "Trainer for :class:`~mrl_lightning.system.MutualRL` (``--trainer.*``); see :func:`a.b.load`."
+    text = "Trainer for :class:`~mrl_lightning.loop.system.MutualRL` (``--trainer.*``); see :func:`a.b.load`."
     assert plain_help(text) == "Trainer for MutualRL (--trainer.*); see a.b.load."
     for kept in ("default: ^\\d+`$", "a fence ```python``` in a template", "C:\\runs\\x", "{a: `b`}"):
         assert plain_help(kept) == kept
@@ -100,7 +100,7 @@ def test_help_markup_is_removed_and_other_backquotes_kept():
 
 def test_a_reference_is_cleaned_before_the_help_is_wrapped():
     """A reference near the end of a line was split by the wrap when cleaned afterwards."""
-    from mrl_lightning.config_keys import MRLArgumentParser
+    from mrl_lightning.config.keys import MRLArgumentParser
 
     parser = MRLArgumentParser(prog="x")
     parser.add_argument("--opt", help="word " * 8 + "uses :class:`~mrl_lightning.mwra.strategy.PolicyGroupsStrategy` "
@@ -116,10 +116,10 @@ def test_every_option_of_every_config_class_has_a_description_in_its_help():
     docstring parser (the source of jsonargparse's help texts) read no argument at all."""
     from jsonargparse import ArgumentParser
 
-    from mrl_lightning.config_keys import valid_classes
-    from mrl_lightning.model_source import ModelRecipe  # noqa: F401 - the recipes' base, imported for its fields
-    from mrl_lightning.system import MutualRL
-    from mrl_lightning.trainer import MRLTrainer
+    from mrl_lightning.config.keys import valid_classes
+    from mrl_lightning.model.source import ModelRecipe  # noqa: F401 - the recipes' base, imported for its fields
+    from mrl_lightning.loop.system import MutualRL
+    from mrl_lightning.loop.trainer import MRLTrainer
 
     classes = [MRLTrainer, MutualRL]
     for path in valid_classes("every field"):

@@ -1,6 +1,6 @@
 """DAPO's dynamic sampling: the group filter, the policy's own extra draws, and the draw rule over ranks (docs/grpo.md).
 
-The loop's part (:func:`~mrl_lightning.dynamic_sampling.sample_until_full`) runs here on a
+The loop's part (:func:`~mrl_lightning.loop.dynamic_sampling.sample_until_full`) runs here on a
 real data module with a scripted ``rollout`` (rewards all equal for some prompts) and
 fake workers: one rank, and two ranks as two threads meeting at the group's gather, which
 must draw the same extra batches and keep the same groups as one rank. End to end (``mrl
@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mrl_lightning.batch import ScoredRollouts, TrainBatch
+from mrl_lightning.update.batch import ScoredRollouts, TrainBatch
 from mrl_lightning.data.reasoning_gym import ReasoningGymDataModule, TaskPart
-from mrl_lightning.dynamic_sampling import sample_until_full
+from mrl_lightning.loop.dynamic_sampling import sample_until_full
 from mrl_lightning.objectives.group_filter import first_kept, groups_with_signal
 from mrl_lightning.rollout.base import RolloutBatch
 

@@ -1,6 +1,6 @@
 """A dynamic-sampling step that keeps no group takes no optimizer step (docs/grpo.md, "Dynamic sampling").
 
-The update (:func:`~mrl_lightning.update.policy_update`) of a tiny GPT-2 runs on a batch whose
+The update (:func:`~mrl_lightning.update.policy_update.policy_update`) of a tiny GPT-2 runs on a batch whose
 groups dynamic sampling all dropped (``keep`` all False): nothing is trained on, so AdamW is not
 stepped (its momentum and weight decay would move the weights, and the step would count towards
 the warm-up); the weights and the optimizer's state stay bit for bit, and the skip is logged under
@@ -15,10 +15,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mrl_lightning.batch import AuxiliaryLoss, TrainBatch
+from mrl_lightning.update.batch import AuxiliaryLoss, TrainBatch
 from mrl_lightning.data.items import PromptItem
 from mrl_lightning.rewards import RewardFunction
-from mrl_lightning.update import new_train_batch, policy_update
+from mrl_lightning.update.policy_update import new_train_batch, policy_update
 
 ITEMS = [PromptItem("add/0", "Calculate 12 + 34.", "46", "add", {}),
          PromptItem("add/1", "What is 7 - 5?", "2", "add", {})]
@@ -56,7 +56,7 @@ def tiny_folder(tmp_path_factory):
 def _policy(folder):
     from mrl_lightning.builders import build_policy
     from mrl_lightning.policy import PolicyModule
-    from mrl_lightning.system import MutualRL
+    from mrl_lightning.loop.system import MutualRL
 
     policy = PolicyModule(name="tiny", model=str(folder), num_generations=4, max_completion_length=6,
                           prompt_template="{question}\nAnswer:", learning_rate=1e-2, weight_decay=0.1,

@@ -7,7 +7,7 @@ from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_b
 from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.utils import logging as hf_logging
 
-from mrl_lightning.hub import quiet_local_load
+from mrl_lightning.model.hub import quiet_local_load
 
 
 @pytest.fixture

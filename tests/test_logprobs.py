@@ -1,4 +1,4 @@
-"""Log-probs and entropy with the vocabulary in chunks (mrl_lightning.logprobs).
+"""Log-probs and entropy with the vocabulary in chunks (mrl_lightning.model.logprobs).
 
 Below ``LOGPROB_CHUNK_ELEMENTS`` logits a call computes exactly what the policy computed
 before chunking existed (the old code is written out below): the embedded default's models at
@@ -17,9 +17,9 @@ import torch
 from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM, GPT2Config, GPT2LMHeadModel,
                           LlamaConfig, LlamaForCausalLM)
 
-import mrl_lightning.logprobs as logprobs_module
-from mrl_lightning.forward import completion_logits
-from mrl_lightning.logprobs import LOGPROB_CHUNK_ELEMENTS, completion_logprobs
+import mrl_lightning.model.logprobs as logprobs_module
+from mrl_lightning.model.forward import completion_logits
+from mrl_lightning.model.logprobs import LOGPROB_CHUNK_ELEMENTS, completion_logprobs
 from mrl_lightning.policy import PolicyModule
 
 DEFAULT_MODELS = Path(__file__).resolve().parents[1] / "models" / "default"
@@ -215,7 +215,7 @@ def test_the_policy_option_sets_the_threshold_and_null_keeps_whole_logits(monkey
 
 
 def test_one_chunk_keeps_its_logits_for_the_backward_with_the_recomputed_bits():
-    from mrl_lightning.logprobs import _LinearHeadChunks
+    from mrl_lightning.model.logprobs import _LinearHeadChunks
 
     g = torch.Generator().manual_seed(5)
     head = torch.nn.Linear(16, 300, bias=False)

@@ -67,7 +67,7 @@ def test_a_nan_extreme_is_nan_wherever_it_sits(kind):
 
 def test_inner_iterations_fold_by_kind():
     """num_iterations > 1: a Max keeps the largest iteration, a Min the smallest, the rest the last one."""
-    from mrl_lightning.update import _fold
+    from mrl_lightning.update.policy_update import _fold
 
     metrics: dict = {}
     _fold(metrics, {"share_max": Max(0.46), "grpo_min": Min(0.92), "share": 0.46})

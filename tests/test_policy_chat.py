@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from mrl_lightning.batch import TrainBatch
+from mrl_lightning.update.batch import TrainBatch
 from mrl_lightning.callbacks.sgt import SuccessGatedTransfer
 from mrl_lightning.data.items import PromptItem
 from mrl_lightning.errors import ConfigError

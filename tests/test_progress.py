@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from mrl_lightning.progress import RunProgress
+from mrl_lightning.loop.progress import RunProgress
 
 
 class Clock:
@@ -60,7 +60,7 @@ def test_disabled_prints_nothing_anywhere():
 
 
 def test_ctrl_c_before_the_first_checkpoint_names_the_run_folder_it_leaves(tmp_path):
-    from mrl_lightning.progress import interrupted_line
+    from mrl_lightning.loop.progress import interrupted_line
 
     run = tmp_path / "version_0"
     run.mkdir()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mrl_lightning.data.items import PromptItem
-from mrl_lightning.reporting import (
+from mrl_lightning.loop.reporting import (
     eval_counts,
     eval_metrics_from_counts,
     eval_summary,

@@ -1,4 +1,4 @@
-"""Rollout scalars (``mrl_lightning.reporting.rollout_metrics``): what a NaN reward does to the group counts.
+"""Rollout scalars (``mrl_lightning.loop.reporting.rollout_metrics``): what a NaN reward does to the group counts.
 
 A NaN reward is "not scored" (docs/reliability.md, docs/grpo.md): it is left out of its group, so
 a group's GRPO signal is that of its scored rewards alone.
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mrl_lightning.data.items import PromptItem
-from mrl_lightning.reporting import rollout_metrics
+from mrl_lightning.loop.reporting import rollout_metrics
 
 NAN = float("nan")
 

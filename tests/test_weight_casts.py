@@ -1,4 +1,4 @@
-"""An update's passes share one cast of each weight (mrl_lightning.weight_casts), with the same bits.
+"""An update's passes share one cast of each weight (mrl_lightning.model.weight_casts), with the same bits.
 
 Under bf16 autocast every forward pass casts each float32 weight; an update runs several
 passes on unchanged weights (GRPO, then each auxiliary term's own pass). Inside
@@ -14,9 +14,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mrl_lightning import logprobs, weight_casts
-from mrl_lightning.logprobs import completion_logprobs
-from mrl_lightning.weight_casts import shared_casts
+from mrl_lightning.model import logprobs
+
+from mrl_lightning.model import weight_casts
+from mrl_lightning.model.logprobs import completion_logprobs
+from mrl_lightning.model.weight_casts import shared_casts
 
 VOCAB = 1031
 
@@ -119,7 +121,7 @@ def test_a_checked_head_runs_on_no_position_and_gives_the_checked_log_probs():
 
 @pytest.mark.parametrize("share", [True, False])
 def test_completion_hidden_without_the_probe_gives_the_same_hidden_states(share):
-    from mrl_lightning.forward import completion_hidden
+    from mrl_lightning.model.forward import completion_hidden
 
     model = _model()
     rows = _rows(3)
@@ -136,7 +138,7 @@ def test_a_short_term_pass_takes_the_math_attention_kernel_on_a_cpu_under_mixed_
 
     from lightning.fabric.plugins.precision.amp import MixedPrecision
 
-    from mrl_lightning.update import MATH_ATTENTION_ROWS, MATH_ATTENTION_TOKENS, term_attention
+    from mrl_lightning.update.policy_update import MATH_ATTENTION_ROWS, MATH_ATTENTION_TOKENS, term_attention
 
     def fabric(mixed: bool):
         precision = MixedPrecision("bf16-mixed", device="cpu") if mixed else object()

@@ -122,12 +122,11 @@ def cpu_kv_cache_bytes(policy, prompts_per_rank: int) -> int:
     each token ``layers * 2 * hidden * 4`` bytes (keys and values of every head in float32: an
     upper bound under grouped-query attention or bfloat16). vLLM serves a larger call (the
     evaluation's prompts) in waves. ``VLLM_CPU_KVCACHE_SPACE`` (GiB), vLLM's own setting,
-    overrides it when set.
+    overrides it when set. The shape is the built model's own (``policy.model.config``).
     """
-    from mrl_lightning.builders.models import model_config
     from mrl_lightning.mwra.plan import model_shape
 
-    shape = model_shape(model_config(policy))
+    shape = model_shape(policy.model.config)
     tokens = policy.num_generations * prompts_per_rank * (policy.max_prompt_length + policy.max_completion_length + 128)
     return int(tokens * shape.layers * 2 * shape.hidden * 4)
 
@@ -135,16 +134,15 @@ def cpu_kv_cache_bytes(policy, prompts_per_rank: int) -> int:
 def cpu_head_size_errors(policy) -> list[str]:
     """Problems of a policy's attention head size on vLLM's CPU build (its attention kernels take
     only some sizes; another size fails at the first generation with "Unsupported CPU attention
-    configuration"). Empty when fine or when the list cannot be read from this vLLM."""
-    from mrl_lightning.builders.models import model_config
-
+    configuration"). Empty when fine or when the list cannot be read from this vLLM. The size is
+    the built model's own (``policy.model.config``)."""
     try:
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
         supported = list(CPUAttentionBackend.get_supported_head_sizes())
     except (ImportError, AttributeError):
         return []
-    config = model_config(policy)
+    config = policy.model.config
     size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if size in supported:
         return []

@@ -2,7 +2,7 @@
 
 The policy (:mod:`mrl_lightning.policy`) holds the config; this room turns it into
 weights: :func:`materialize` gives the folder or hub id to load (a
-:class:`~mrl_lightning.model_source.ModelRecipe` builds or finds its cached folder
+:class:`~mrl_lightning.model.source.ModelRecipe` builds or finds its cached folder
 first), :func:`build_policy` loads the tokenizer everywhere and the model (and, when
 ``beta > 0``, a frozen reference) where the policy runs, :func:`model_config` reads the
 config alone for the MWRA plan. Rollout engines are built where they are used
@@ -16,13 +16,13 @@ import os
 import torch
 
 from mrl_lightning.errors import ConfigError
-from mrl_lightning.hub import hub_load_kwargs, quiet_local_load
-from mrl_lightning.model_source import ModelRecipe
+from mrl_lightning.model.hub import hub_load_kwargs, quiet_local_load
+from mrl_lightning.model.source import ModelRecipe
 from mrl_lightning.mwra.rng import rng_state, set_rng_state
 from mrl_lightning.mwra.sharding import shard_model
-from mrl_lightning.policy import PolicyModule
-from mrl_lightning.policy_checks import tokenizer_errors
-from mrl_lightning.prompt_fit import data_prompt_errors
+from mrl_lightning.policy.module import PolicyModule
+from mrl_lightning.policy.checks import tokenizer_errors
+from mrl_lightning.policy.prompt_fit import data_prompt_errors
 
 
 def materialize(policy: PolicyModule, datamodule=None, cache_log=print, resuming: bool = False) -> str:
@@ -195,7 +195,7 @@ def build_on_rank(system, datamodule, workers, fabric, log, resuming: bool = Fal
     ``fsdp``, set up by Fabric with their optimizer) where the policy runs.
 
     Args:
-        system: The :class:`~mrl_lightning.system.MutualRL` system.
+        system: The :class:`~mrl_lightning.loop.system.MutualRL` system.
         datamodule: The data module (set up here for ``"fit"``).
         workers: This rank's :class:`~mrl_lightning.mwra.Workers`.
         fabric: The Fabric instance (``setup``, the device of the reference models).

@@ -3,7 +3,7 @@
 Probes compose: a run may list several (e.g. ``SharedExperienceExchange`` then
 ``CrossPolicyAdvantage`` then ``SuccessGatedTransfer``). For each policy,
 ``on_compose_batch`` is called on every callback in *list order* on one
-:class:`~mrl_lightning.batch.TrainBatch` that starts with plain GRPO advantages:
+:class:`~mrl_lightning.update.batch.TrainBatch` that starts with plain GRPO advantages:
 
 - ``CrossPolicyAdvantage`` (XGRPO) and ``PeerRolloutPooling`` (PRP; both in docs/probes.md)
   *replace* ``batch.advantages`` of the own samples, each computed from rewards (neither

@@ -53,7 +53,7 @@ import contextlib
 import torch
 from torch import Tensor
 
-from mrl_lightning.batch import AuxiliaryLoss
+from mrl_lightning.update.batch import AuxiliaryLoss
 from mrl_lightning.callbacks.base import MRLCallback, prepare_thl
 from mrl_lightning.callbacks.xgrpo import advantage_probe_note
 from mrl_lightning.errors import ConfigError
@@ -70,7 +70,7 @@ from mrl_lightning.probes.prp import (
 )
 from mrl_lightning.rollout.base import left_pad
 from mrl_lightning.thl import residual_metrics, transfer_trace
-from mrl_lightning.update import loss_counts
+from mrl_lightning.update.policy_update import loss_counts
 
 
 def own_unit_loss(token_losses: Tensor, mask: Tensor, loss_type: str, own_sequences: int, own_tokens: float,
@@ -264,7 +264,7 @@ class PeerRolloutPooling(MRLCallback):
             ctx: The :class:`~mrl_lightning.callbacks.base.HookContext` (``exchange``, ``rollout_step``, ``fabric``).
             system: Gives ``policies`` (each peer's tokenizer, for THL).
             policy: The receiver i.
-            batch: i's :class:`~mrl_lightning.batch.TrainBatch`; ``advantages [B, G]`` is
+            batch: i's :class:`~mrl_lightning.update.batch.TrainBatch`; ``advantages [B, G]`` is
                 replaced for prompts with finite own rewards, one loss term is appended to
                 ``aux_losses`` when a peer was pooled, and scalars go to ``metrics``.
 

@@ -1,7 +1,7 @@
 """SGT's loss terms and the packed prompt-id sets of its checkpoint (docs/probes.md).
 
 :class:`_SGTTransferLoss` (``transfer_mode: nll``) and :class:`_SGTGroupLoss` (``group``) are
-the :class:`~mrl_lightning.batch.AuxiliaryLoss` terms :class:`~mrl_lightning.callbacks.SuccessGatedTransfer`
+the :class:`~mrl_lightning.update.batch.AuxiliaryLoss` terms :class:`~mrl_lightning.callbacks.SuccessGatedTransfer`
 appends to a receiver's batch; :func:`pack_ids` / :func:`unpack_ids` store its sets of prompt ids.
 """
 
@@ -11,7 +11,7 @@ import zlib
 
 import torch
 
-from mrl_lightning.batch import AuxiliaryLoss
+from mrl_lightning.update.batch import AuxiliaryLoss
 from mrl_lightning.metrics import Mean
 from mrl_lightning.probes.sgt import pad_demos, sgt_group_loss, sgt_loss
 

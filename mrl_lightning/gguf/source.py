@@ -33,7 +33,7 @@ from mrl_lightning.errors import ConfigError
 from mrl_lightning.gguf.convert import FORMAT, convert_gguf, host_label, read_provenance, stale_temporaries
 from mrl_lightning.gguf.files import GGUFFileError, file_type_name, read_header, sha256_of
 from mrl_lightning.gguf.packaged import PACKAGED, REAL_EXTRA, packaged
-from mrl_lightning.model_source import ModelRecipe, default_cache_dir
+from mrl_lightning.model.source import ModelRecipe, default_cache_dir
 from mrl_lightning.writable import write_problem
 
 PYPI_PREFIX = "pypi:"

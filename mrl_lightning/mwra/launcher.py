@@ -15,7 +15,7 @@
   because a collective with a peer failed); the watch records it and interrupts the
   launcher's main thread (SIGUSR1 to it, raising ``KeyboardInterrupt``, so that ``nohup``
   or a background job, where SIGINT is ignored, are interrupted too), which stops quietly
-  with that status (:func:`mrl_lightning.run_stop.stop_run`). A main thread that does not
+  with that status (:func:`mrl_lightning.run.stop.stop_run`). A main thread that does not
   answer within :data:`GRACE_S` (blocked in C code) is ended by the watch itself. A worker
   that ended on Ctrl-C (status 130 or SIGINT) means the launcher had the same Ctrl-C: if
   its main thread is blocked (in the process group's set-up, waiting for that worker), the
@@ -64,7 +64,7 @@ class WorkerWatch(threading.Thread):
         failed: ``(rank, status)`` of the first worker that ended with a non-zero status, or None.
         stopping: Set by the main thread once it is stopping on its own: the watch then interrupts nothing.
         interrupted_line: What the watch prints when it ends a main thread that Ctrl-C could not
-            reach (the run sets it once it has started: :func:`mrl_lightning.progress.interrupted_line`).
+            reach (the run sets it once it has started: :func:`mrl_lightning.loop.progress.interrupted_line`).
     """
 
     def __init__(self, procs: list, on_timeout: Callable[[int, int], None] | None = None) -> None:

@@ -10,7 +10,7 @@ group runs plain data parallelism or nothing, untouched. What changes for the lo
   reduce-scatter the gradients, *summed* over the group (the losses are already divided by
   the group's totals, as for plain data parallelism, so the k shards hold the gradient of
   one rank on the whole batch); every rank runs the same forward passes, so an auxiliary
-  term another rank has runs here on an empty share (:func:`mrl_lightning.update.policy_update`);
+  term another rank has runs here on an empty share (:func:`mrl_lightning.update.policy_update.policy_update`);
 - rollouts and evaluation run on the full weights (:func:`full_weights`: every unit
   unsharded for the call, resharded after), since each rank samples its own prompts and
   stops when they are done, which per-step collectives could not follow;

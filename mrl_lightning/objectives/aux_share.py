@@ -23,7 +23,7 @@ policy by up to ``b / (1 - b) * f``, and its share of the applied update is then
 every share logged is computed from those scaled parts, so it is the share of the update
 actually applied (clipping scales both parts alike and leaves it unchanged). A NaN or inf in
 either gradient is not bounded away: the term is added whole (shares logged NaN), and the
-update's non-finite check skips the step (``mrl_lightning/numerics.py``). Each term is
+update's non-finite check skips the step (``mrl_lightning/model/numerics.py``). Each term is
 measured against the GRPO gradient alone, so the bounds of several terms do not interact.
 
 Under data parallelism every gradient here is the group's: the caller reduces ``g_0`` over
@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from mrl_lightning.metrics import Max, Min
-from mrl_lightning.head_factors import HeadFactors, collect
+from mrl_lightning.model.head_factors import HeadFactors, collect
 
 
 def _take_grads(params: list[torch.nn.Parameter]) -> list[Tensor | None]:
@@ -155,7 +155,7 @@ def share_scale(main_norm: float, term_norm: float, max_share: float | None,
         factor ``s_k`` in [0, 1] the term's gradient is multiplied by (1 when within the bound,
         ``b / (1 - b) * max(||g_0||, f) / ||g_k||`` otherwise). A NaN or inf norm gives ``(nan, 1)``:
         such a gradient is not scaled to 0 and dropped unseen, it reaches the update's non-finite
-        check, which skips the step and counts it (``mrl_lightning/numerics.py``).
+        check, which skips the step and counts it (``mrl_lightning/model/numerics.py``).
 
     Raises:
         ValueError: ``max_share`` not in (0, 1), a negative norm or a negative floor.
@@ -195,7 +195,7 @@ def backward_aux_losses(aux_losses: list, policy, model, backward: Callable[[Ten
     """Backpropagate each auxiliary term apart from the GRPO gradient already in ``.grad``.
 
     Args:
-        aux_losses: Terms of :class:`~mrl_lightning.batch.AuxiliaryLoss` (``name``,
+        aux_losses: Terms of :class:`~mrl_lightning.update.batch.AuxiliaryLoss` (``name``,
             ``max_grad_share``, optional ``grad_share_floor``; called as
             ``term(policy, model, totals) -> (loss, metrics)``).
         policy: The policy, passed to each term.
@@ -213,7 +213,7 @@ def backward_aux_losses(aux_losses: list, policy, model, backward: Callable[[Ten
             rank reduces the same names in the same order, also a name it has no term of (its
             part is 0); None = this rank's names, in order of first appearance (:func:`term_names`).
         factored_head: A tied head weight in ``params`` whose term gradients are kept as their factors
-            during each term's pass (:mod:`mrl_lightning.head_factors`; the caller passes it
+            during each term's pass (:mod:`mrl_lightning.model.head_factors`; the caller passes it
             only for a policy on one rank, ``reduce`` then has nothing to sum); None = materialized.
 
     Returns:

@@ -4,7 +4,7 @@ Completion tokens come from THL ``retokenize`` so the warm-start teaches exactly
 token sequence the policy later receives for a peer's text (docs/thl.md). A completion
 ends with the token the policy's prompt format ends a turn with (:func:`completion_end_id`):
 EOS for a plain template, the chat template's end-of-turn token under ``chat_template``
-(Llama 3's ``<|eot_id|>``, Qwen2's ``<|im_end|>``, ...; :func:`mrl_lightning.chat.end_of_turn_id`).
+(Llama 3's ``<|eot_id|>``, Qwen2's ``<|im_end|>``, ...; :func:`mrl_lightning.model.chat.end_of_turn_id`).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from collections.abc import Iterator
 
 import torch
 
-from mrl_lightning.chat import completion_end_id as chat_completion_end_id
+from mrl_lightning.model.chat import completion_end_id as chat_completion_end_id
 from mrl_lightning.thl import decode_completion, retokenize
 
 
 def completion_end_id(policy) -> int:
-    """The id a completion of ``policy`` ends with (:func:`mrl_lightning.chat.completion_end_id`).
+    """The id a completion of ``policy`` ends with (:func:`mrl_lightning.model.chat.completion_end_id`).
 
     Raises:
         ConfigError: ``chat_template`` and the template has no end-of-turn token.
@@ -125,7 +125,7 @@ def greedy_accuracy(policy, model, items, reward_fn=None) -> float:
 
     reward_fn = reward_fn or ReasoningGymAccuracy()
     out = HFGenerateEngine().generate(
-        model, policy.tokenizer, policy.encode_prompts([policy.render_prompt(x) for x in items]),
+        model, policy.tokenizer, policy.prompt_ids(items)[1],
         num_generations=1, max_completion_length=policy.max_completion_length, do_sample=False,
     )
     end = completion_end_id(policy)

@@ -50,7 +50,7 @@ from typing import Any, Callable
 import torch
 
 from mrl_lightning.errors import ConfigError
-from mrl_lightning.model_source import ModelRecipe, default_cache_dir  # noqa: F401 - also imported from here
+from mrl_lightning.model.source import ModelRecipe, default_cache_dir  # noqa: F401 - also imported from here
 from mrl_lightning.recipes.families import (
     CHAT_FORMATS,
     FAMILIES,

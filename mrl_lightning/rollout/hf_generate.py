@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mrl_lightning.forward import shared_prefix_cache
+from mrl_lightning.model.forward import shared_prefix_cache
 from mrl_lightning.rollout.base import RolloutBatch, left_pad
 from mrl_lightning.rollout.draws import SampledLogprobs, seeded_sampling
 from mrl_lightning.rollout.stops import scan_completion, stop_string_criteria
@@ -285,7 +285,7 @@ class HFGenerateEngine:
                 (:mod:`mrl_lightning.rollout.stops`).
             include_stop_str_in_output: Keep the matched stop string in the text (vLLM's option).
             share_prompt_prefill: Run each prompt once and share its KV cache across its
-                G rows (:func:`mrl_lightning.forward.shared_prefix_cache`); False = one plain
+                G rows (:func:`mrl_lightning.model.forward.shared_prefix_cache`); False = one plain
                 ``generate`` over the B*G rows.
             sampling_draw: ``race`` or ``inverse_cdf``: how each token is drawn from its prompt's
                 seed (:mod:`mrl_lightning.rollout.draws`; one distribution, other draws).

@@ -101,7 +101,7 @@ def run(source: str, target: str, texts: Sequence[str], cache_dir: str | None = 
 
     Args:
         hub_kwargs: ``(spec, option) -> from_pretrained kwargs`` for a spec that is a hub id (``mrl``
-            passes the hub's fast offline check, :func:`mrl_lightning.hub.hub_load_kwargs`); None = none.
+            passes the hub's fast offline check, :func:`mrl_lightning.model.hub.hub_load_kwargs`); None = none.
 
     Raises:
         ValueError: If a tokenizer spec cannot be loaded (or its hub id cannot be reached).

@@ -278,7 +278,7 @@ def encode_prompt_text(tokenizer: Any, prompt_text: str) -> list[int]:
 
     A rendered chat prompt may begin with the BOS token's text (templates that write
     ``{{ bos_token }}``); a tokenizer that also adds BOS then encodes two. The extra one is
-    dropped, so the ids equal :func:`mrl_lightning.chat.encode_rendered`'s (untruncated) for
+    dropped, so the ids equal :func:`mrl_lightning.model.chat.encode_rendered`'s (untruncated) for
     a chat prompt and the plain encoding for any other prompt.
 
     Args:

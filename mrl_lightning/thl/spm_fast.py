@@ -28,7 +28,7 @@ How SentencePiece BPE encodes a text, and the piece of the pipeline that does th
 - Byte fallback: a character with no piece becomes its UTF-8 bytes ``<0xHH>``.
 - Control pieces (``<unk>``, ``<s>``, ``</s>``, v3's ``[INST]``, ...) are special tokens.
   Departure from SentencePiece: text that spells one of them is read as that token, the
-  Hugging Face convention that chat templates rely on (``chat.py``); each stretch of text
+  Hugging Face convention that chat templates rely on (``model/chat.py``); each stretch of text
   between such tokens is then encoded as SentencePiece encodes it on its own.
 - Decoder: ``▁`` -> space, bytes fused, one leading space stripped.
 

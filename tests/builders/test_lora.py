@@ -11,12 +11,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mrl_lightning.batch import TrainBatch
+from mrl_lightning.update.batch import TrainBatch
 from mrl_lightning.builders import build_policy, plan_shapes
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.objectives.grpo import group_advantages
 from mrl_lightning.policy import PolicyModule
-from mrl_lightning.update import policy_update
+from mrl_lightning.update.policy_update import policy_update
 
 pytest.importorskip("peft")
 

@@ -18,7 +18,7 @@ import yaml
 from lightning.fabric import Fabric
 from test_prp_callback import built, items, make_model_dir, scored_from_texts
 
-from mrl_lightning.batch import TrainBatch
+from mrl_lightning.update.batch import TrainBatch
 from mrl_lightning.callbacks import (
     CrossPolicyAdvantage,
     PeerRolloutPooling,

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mrl_lightning.builders import build_policy
-from mrl_lightning.batch import ScoredRollouts, TrainBatch
+from mrl_lightning.update.batch import ScoredRollouts, TrainBatch
 from mrl_lightning.callbacks import (
     MRLCallback,
     PeerRolloutPooling,
@@ -23,7 +23,7 @@ from mrl_lightning.data.items import PromptItem
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.objectives.grpo import group_advantages
 from mrl_lightning.policy import PolicyModule
-from mrl_lightning.update import policy_update
+from mrl_lightning.update.policy_update import policy_update
 from mrl_lightning.recipes.tokenizers import train_tokenizer
 from mrl_lightning.rollout.hf_generate import RolloutBatch, left_pad
 from mrl_lightning.thl import retokenize
@@ -347,8 +347,8 @@ def test_end_to_end_two_families_through_the_trainer(model_dirs, tmp_path):
     from mrl_lightning.data.reasoning_gym import ReasoningGymDataModule, TaskPart
     from mrl_lightning.rewards import ReasoningGymAccuracy
     from mrl_lightning.rewards.base import RewardFunction
-    from mrl_lightning.system import MutualRL
-    from mrl_lightning.trainer import MRLTrainer
+    from mrl_lightning.loop.system import MutualRL
+    from mrl_lightning.loop.trainer import MRLTrainer
 
     class LengthParity(RewardFunction):
         name = "parity"

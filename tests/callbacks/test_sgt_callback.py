@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mrl_lightning.batch import TrainBatch
+from mrl_lightning.update.batch import TrainBatch
 from mrl_lightning.callbacks.sgt import SuccessGatedTransfer
 from mrl_lightning.callbacks.sgt_terms import pack_ids, unpack_ids
 from mrl_lightning.data.items import PromptItem

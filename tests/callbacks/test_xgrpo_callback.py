@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mrl_lightning.batch import TrainBatch
+from mrl_lightning.update.batch import TrainBatch
 from mrl_lightning.callbacks import CrossPolicyAdvantage, SharedExperienceExchange
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.exchange import ExperienceExchange, GroupStatsRecord

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from mrl_lightning.checkpoint import load_checkpoint
+from mrl_lightning.run.checkpoint import load_checkpoint
 from mrl_lightning.cli import main
 
 
@@ -166,7 +166,7 @@ def test_eval_every_n_steps_zero_turns_evaluation_off_at_the_start_and_the_end_t
     only), as ``checkpoint_every_n_steps: 0`` is accepted; a negative value is refused naming both."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from mrl_lightning.preflight import trainer_errors
+    from mrl_lightning.config.preflight import trainer_errors
 
     assert trainer_errors(eval_every_n_steps=0) == []
     assert trainer_errors(eval_every_n_steps=-1) == [

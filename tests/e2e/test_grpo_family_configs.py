@@ -2,7 +2,7 @@
 
 The commands are read from docs/grpo.md's "One config per family member" block, so the page
 and the test cannot drift apart. Each passes the checks ``mrl fit`` makes before it parses
-the config (:func:`mrl_lightning.preflight.quick_policy_errors`) and, through LightningCLI's
+the config (:func:`mrl_lightning.config.preflight.quick_policy_errors`) and, through LightningCLI's
 ``--print_config``, lands on the last policy. A loss type with a level TRL warns against,
 or an option its loss type does not read, stops with exit status 2 before any model is built.
 """
@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from mrl_lightning.cli import main
-from mrl_lightning.preflight import quick_policy_errors
+from mrl_lightning.config.preflight import quick_policy_errors
 
 from e2e_configs import forbid_model_build
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mrl_lightning.checkpoint import load_checkpoint
+from mrl_lightning.run.checkpoint import load_checkpoint
 from mrl_lightning.cli import main
 
 REPO = Path(__file__).resolve().parents[2]

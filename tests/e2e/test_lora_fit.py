@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mrl_lightning.checkpoint import load_checkpoint
+from mrl_lightning.run.checkpoint import load_checkpoint
 from mrl_lightning.cli import main
 
 pytest.importorskip("peft")
@@ -49,7 +49,7 @@ def test_a_lora_run_checkpoints_adapters_only_resumes_exactly_and_exports_a_merg
     tok = AutoTokenizer.from_pretrained(str(out))
     assert not any("lora" in n for n, _ in model.named_parameters())
     from mrl_lightning.builders import build_policy
-    from mrl_lightning.export import build_only
+    from mrl_lightning.commands.export import build_only
 
     cli = build_only(run / "config.yaml")
     policy = cli.model.policies["gpt2"]

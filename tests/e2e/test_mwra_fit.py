@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mrl_lightning.checkpoint import load_checkpoint
+from mrl_lightning.run.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 DISJOINT = ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.placement", "disjoint"]

@@ -30,7 +30,7 @@ import pytest
 import torch
 import yaml
 
-from mrl_lightning.checkpoint import load_checkpoint
+from mrl_lightning.run.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
 

@@ -38,7 +38,7 @@ def double_engines(monkeypatch):
         return vllm_setup.build_vllm_engine(policy, policies, prompts_per_rank, factory=factory, device_memory_gib=24.0)
 
     monkeypatch.setattr("mrl_lightning.rollout.options.missing_packages", lambda mode: [])
-    monkeypatch.setattr("mrl_lightning.system.build_vllm_engine", build)
+    monkeypatch.setattr("mrl_lightning.loop.system.build_vllm_engine", build)
     return built
 
 

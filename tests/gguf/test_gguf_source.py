@@ -88,7 +88,7 @@ def test_the_provenance_names_the_file_its_quantization_and_its_sha256(gguf_file
 
 
 def test_the_plan_says_before_conversion_what_will_be_converted(gguf_file, cache):
-    from mrl_lightning.preflight import source_lines
+    from mrl_lightning.config.preflight import source_lines
 
     policy = _policy(str(gguf_file))
     text = source_lines({"tiny": policy}, None)
@@ -108,7 +108,7 @@ def test_a_second_use_is_a_cache_hit_that_converts_nothing(gguf_file, cache, mon
 
 
 def test_the_run_folder_records_what_each_gguf_policy_loaded(gguf_file, cache, tmp_path):
-    from mrl_lightning.run_checkpoint import write_run_files
+    from mrl_lightning.run.state import write_run_files
 
     policy, _ = _built(gguf_file)
     run = tmp_path / "run"

@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from mrl_lightning.batch import TrainBatch
+from mrl_lightning.update.batch import TrainBatch
 from mrl_lightning.builders import build_policy as build_model
 from mrl_lightning.mwra import Workers, build_placement, shard_indices
 from mrl_lightning.policy import PolicyModule
-from mrl_lightning.update import loss_counts, policy_update
+from mrl_lightning.update.policy_update import loss_counts, policy_update
 
 FABRIC = SimpleNamespace(
     backward=lambda loss: loss.backward(),

@@ -9,11 +9,11 @@ import torch
 import torch.distributed as dist
 
 from dp_worker import FABRIC, build_policy, shard_rollout
-from mrl_lightning.batch import TrainBatch
+from mrl_lightning.update.batch import TrainBatch
 from mrl_lightning.mwra import Workers, build_placement, shard_indices
 from mrl_lightning.mwra.sharding import full_state, full_weights, load_full_state, shard_model
 from mrl_lightning.objectives.aux_share import term_names
-from mrl_lightning.update import loss_counts, policy_update
+from mrl_lightning.update.policy_update import loss_counts, policy_update
 
 
 class SumTerm:

@@ -12,11 +12,11 @@ import torch.distributed as dist
 
 from dp_worker import FABRIC, build_policy, shard_rollout
 from fsdp_worker import SumTerm
-from mrl_lightning.batch import TrainBatch
+from mrl_lightning.update.batch import TrainBatch
 from mrl_lightning.mwra import Workers, build_placement, shard_indices
 from mrl_lightning.mwra.sharding import full_state, shard_model
 from mrl_lightning.objectives.aux_share import term_names
-from mrl_lightning.update import loss_counts, policy_update
+from mrl_lightning.update.policy_update import loss_counts, policy_update
 
 BOUND = 0.3
 # GRPO's signal per step: full, weaker, nearly gone, gone (twice), back, stronger than at first

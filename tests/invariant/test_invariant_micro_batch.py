@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from mrl_lightning.builders import build_policy
-from mrl_lightning.batch import TrainBatch
+from mrl_lightning.update.batch import TrainBatch
 from mrl_lightning.objectives.grpo import grpo_loss
 from mrl_lightning.policy import PolicyModule
-from mrl_lightning.update import policy_update
+from mrl_lightning.update.policy_update import policy_update
 from mrl_lightning.rollout import HFGenerateEngine
 
 PROMPTS = ["Calculate 1 + 2.", "What is 7 - 5?\nAnswer:"]

@@ -85,7 +85,7 @@ def test_devices_present_reads_torch(one_gpu):
 
 def test_trainer_on_one_gpu_runs_the_default_colocated_on_one_device(one_gpu, tmp_path):
     """``mrl fit --config configs/default.yaml --trainer.accelerator cuda`` on one GPU: one device, colocated."""
-    from mrl_lightning.trainer import MRLTrainer
+    from mrl_lightning.loop.trainer import MRLTrainer
 
     trainer = MRLTrainer(accelerator="cuda", devices=2, placement="auto", default_root_dir=str(tmp_path),
                          enable_progress_bar=False)
@@ -95,7 +95,7 @@ def test_trainer_on_one_gpu_runs_the_default_colocated_on_one_device(one_gpu, tm
 
 
 def test_trainer_on_one_gpu_refuses_the_8_gpu_placement_in_one_line(one_gpu, tmp_path):
-    from mrl_lightning.trainer import MRLTrainer
+    from mrl_lightning.loop.trainer import MRLTrainer
 
     with pytest.raises(ConfigError) as info:
         MRLTrainer(accelerator="cuda", devices=8, placement="disjoint", policy_ranks={"qwen": 4, "llama": 4},
@@ -104,7 +104,7 @@ def test_trainer_on_one_gpu_refuses_the_8_gpu_placement_in_one_line(one_gpu, tmp
 
 
 def test_trainer_on_the_cpu_is_unchanged(tmp_path):
-    from mrl_lightning.trainer import MRLTrainer
+    from mrl_lightning.loop.trainer import MRLTrainer
 
     trainer = MRLTrainer(accelerator="cpu", devices=1, placement="auto", default_root_dir=str(tmp_path))
     assert (trainer.devices_per_node, trainer.placement_mode, trainer.devices_note) == (1, "auto", "")

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from mrl_lightning.batch import AuxiliaryLoss
+from mrl_lightning.update.batch import AuxiliaryLoss
 from mrl_lightning.objectives.aux_share import backward_aux_losses, share_scale
 
 
@@ -145,7 +145,7 @@ def test_a_non_finite_transfer_gradient_is_not_bounded_away_but_skips_the_update
     its shares logged NaN, and the update's non-finite check skips the step."""
     from types import SimpleNamespace
 
-    from mrl_lightning.numerics import skip_nonfinite_update
+    from mrl_lightning.model.numerics import skip_nonfinite_update
 
     w = torch.nn.Parameter(torch.tensor([1.0, 1.0]))
     w.grad = torch.tensor([3.0, 4.0])

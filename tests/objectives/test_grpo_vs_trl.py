@@ -5,7 +5,7 @@ attributes it reads (its ``args`` are ``GRPOConfig``'s own defaults with the cas
 and TRL's own fused LM head scores a tiny GPT-2. Our side scores the same model through
 :meth:`PolicyModule.completion_logprobs` (the shared-prompt forward, temperature 0.7) and
 calls :func:`grpo_loss` per micro-batch with the whole batch's normalizers and the
-update's top-entropy mask (:func:`~mrl_lightning.grpo_terms.top_entropy_mask`), as the
+update's top-entropy mask (:func:`~mrl_lightning.update.grpo_terms.top_entropy_mask`), as the
 update does. Every loss type x importance level x beta x ``use_bias_correction_kl`` x micro-batch
 split is compared, loss and every parameter's gradient, plus TRL's other knobs (``delta``,
 ``top_entropy_quantile``, ``off_policy_mask_threshold``, the vLLM correction).
@@ -36,7 +36,7 @@ from trl.trainer.utils import add_fused_lm_head  # noqa: E402
 from mrl_lightning.builders import build_policy  # noqa: E402
 from mrl_lightning.objectives.grpo import grpo_loss  # noqa: E402
 from mrl_lightning.objectives.loss_types import LOSS_TYPES, OPTION_DEFAULTS  # noqa: E402
-from mrl_lightning.grpo_terms import top_entropy_mask  # noqa: E402
+from mrl_lightning.update.grpo_terms import top_entropy_mask  # noqa: E402
 from mrl_lightning.policy import PolicyModule  # noqa: E402
 from mrl_lightning.rollout.sampler_correction import importance_weights  # noqa: E402
 

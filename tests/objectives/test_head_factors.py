@@ -10,8 +10,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mrl_lightning.callbacks.sgt_terms import _SGTTransferLoss
-from mrl_lightning.logprobs import completion_logprobs
-from mrl_lightning import head_factors
+from mrl_lightning.model.logprobs import completion_logprobs
+from mrl_lightning.model import head_factors
 from mrl_lightning.objectives.aux_share import backward_aux_losses
 
 VOCAB, WIDTH = 512, 32
@@ -89,7 +89,7 @@ def test_factored_pass_makes_no_fresh_vocabulary_sized_tensor(monkeypatch):
 
 
 def test_two_terms_of_one_name_factored_then_materialized_sum_as_the_materialized(monkeypatch):
-    from mrl_lightning import logprobs
+    from mrl_lightning.model import logprobs
 
     monkeypatch.setattr(head_factors, "FACTORED_HEAD_ELEMENTS", 0)
     monkeypatch.setattr(logprobs, "FACTOR_ELEMENTS", VOCAB * 6)  # a call of more than 6 positions materializes

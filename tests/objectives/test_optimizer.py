@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import torch
 
 from mrl_lightning.policy import PolicyModule
-from mrl_lightning.update import warmup_learning_rate
+from mrl_lightning.update.policy_update import warmup_learning_rate
 
 
 def _model() -> torch.nn.Module:

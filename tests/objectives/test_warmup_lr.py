@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mrl_lightning.update import warmup_learning_rate
+from mrl_lightning.update.policy_update import warmup_learning_rate
 
 
 def _steps(policy, optimizer, param, n):

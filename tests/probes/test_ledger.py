@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from mrl_lightning.batch import TrainBatch
+from mrl_lightning.update.batch import TrainBatch
 from mrl_lightning.callbacks import NoSharing, SharedExperienceExchange
 from mrl_lightning.data.items import PromptItem
 from mrl_lightning.exchange import SuccessRecord

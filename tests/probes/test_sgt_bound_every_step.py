@@ -16,12 +16,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mrl_lightning.batch import TrainBatch
+from mrl_lightning.update.batch import TrainBatch
 from mrl_lightning.callbacks.sgt import SuccessGatedTransfer
 from mrl_lightning.data.items import PromptItem
 from mrl_lightning.exchange import SuccessRecord
 from mrl_lightning.exchange.buffer import ExperienceExchange
-from mrl_lightning.update import loss_counts, policy_update
+from mrl_lightning.update.policy_update import loss_counts, policy_update
 
 from test_sgt_grad_share import ADVANTAGES, FABRIC, G, PROMPTS, _Capture, _policy, lm_dir  # noqa: F401
 

@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from mrl_lightning.builders import build_policy
-from mrl_lightning.batch import TrainBatch
+from mrl_lightning.update.batch import TrainBatch
 from mrl_lightning.callbacks.sgt import SuccessGatedTransfer
 from mrl_lightning.data.items import PromptItem
 from mrl_lightning.exchange import SuccessRecord
 from mrl_lightning.exchange.buffer import ExperienceExchange
 from mrl_lightning.policy import PolicyModule
-from mrl_lightning.update import policy_update
+from mrl_lightning.update.policy_update import policy_update
 from mrl_lightning.rollout import HFGenerateEngine
 
 PROMPTS = ["Calculate 1 + 2.\nAnswer:", "Calculate 7 - 5.\nAnswer:"]

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mrl_lightning.batch import TrainBatch
+from mrl_lightning.update.batch import TrainBatch
 from mrl_lightning.callbacks.sgt import SuccessGatedTransfer
 from mrl_lightning.data.items import PromptItem
 from mrl_lightning.exchange import SuccessRecord

@@ -20,13 +20,13 @@ vllm = pytest.importorskip("vllm", reason="vllm is not importable: these tests r
 
 import torch  # noqa: E402
 
-from mrl_lightning.batch import TrainBatch  # noqa: E402
+from mrl_lightning.update.batch import TrainBatch  # noqa: E402
 from mrl_lightning.builders import build_policy, build_vllm_engine  # noqa: E402
 from mrl_lightning.builders.engines import vllm_device_type  # noqa: E402
 from mrl_lightning.policy import PolicyModule  # noqa: E402
 from mrl_lightning.rollout import HFGenerateEngine  # noqa: E402
 from mrl_lightning.rollout.vllm_engine import ColocatedVLLM  # noqa: E402
-from mrl_lightning.update import policy_update  # noqa: E402
+from mrl_lightning.update.policy_update import policy_update  # noqa: E402
 
 PROMPTS = ["Calculate 12 + 34.", "What is 7 - 5?\nAnswer:", "Answer: 4"]
 G, L = 4, 8

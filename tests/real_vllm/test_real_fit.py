@@ -53,7 +53,7 @@ def _config(tmp_path: Path, devices: int) -> Path:
 def test_mrl_fit_runs_the_default_for_5_steps_with_both_policies_on_real_vllm(tmp_path, monkeypatch, measured):
     from safetensors.torch import load_file
 
-    import mrl_lightning.system as system
+    import mrl_lightning.loop.system as system
 
     built = []
     real_build = system.build_vllm_engine

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
 
-from mrl_lightning.chat import end_of_turn_id, render_chat_prompt
+from mrl_lightning.model.chat import end_of_turn_id, render_chat_prompt
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.recipes import TinyCausalLM
 from mrl_lightning.recipes.families import FAMILIES, chat_corpus_text

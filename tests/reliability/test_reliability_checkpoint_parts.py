@@ -1,6 +1,6 @@
 """A checkpoint as a manifest plus one part per policy (docs/loop.md, "Checkpoints"; docs/reliability.md).
 
-:func:`~mrl_lightning.run_checkpoint.save_run_checkpoint` is driven here with fake workers and
+:func:`~mrl_lightning.run.state.save_run_checkpoint` is driven here with fake workers and
 two tiny policies, so every file operation it makes can be interrupted in turn: a kill at any
 moment must leave a ``last.ckpt`` whose parts are all of its own step and load.
 """
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mrl_lightning.checkpoint import CheckpointError, load_checkpoint, load_policy_parts
+from mrl_lightning.run.checkpoint import CheckpointError, load_checkpoint, load_policy_parts
 from mrl_lightning.mwra.placement import Placement
-from mrl_lightning.run_checkpoint import part_file, save_run_checkpoint
+from mrl_lightning.run.state import part_file, save_run_checkpoint
 
 
 class _Policy:
@@ -181,7 +181,7 @@ def test_a_part_removed_after_its_manifest_was_read_is_named_with_the_fix(tmp_pa
 
 def test_a_single_file_checkpoint_of_format_two_still_resumes_exactly(write_tiny_config):
     """A checkpoint as versions 1-2 wrote it (every policy in one file) resumes as the parts of version 3 do."""
-    from mrl_lightning.checkpoint import atomic_save
+    from mrl_lightning.run.checkpoint import atomic_save
     from mrl_lightning.cli import main
 
     straight = write_tiny_config("a.yaml", modify=lambda c: c["trainer"].update(max_steps=2, version="straight"))

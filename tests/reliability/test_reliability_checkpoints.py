@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from mrl_lightning.builders import materialize
-from mrl_lightning import checkpoint as ckpt
-from mrl_lightning.checkpoint import FORMAT_VERSION, CheckpointError, atomic_save, load_checkpoint
+from mrl_lightning.run import checkpoint as ckpt
+from mrl_lightning.run.checkpoint import FORMAT_VERSION, CheckpointError, atomic_save, load_checkpoint
 from mrl_lightning.cli import main
 from mrl_lightning.exchange import read_log, record_key
 

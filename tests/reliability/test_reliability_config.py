@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from mrl_lightning import hub
+from mrl_lightning.model import hub
 from mrl_lightning.cli import main
 from mrl_lightning.errors import ConfigError
 
@@ -97,7 +97,7 @@ def test_a_mistyped_config_path_names_the_nearest_files_of_its_folder(tmp_path, 
 
 
 def test_a_config_given_inline_is_not_taken_for_a_missing_file():
-    from mrl_lightning.config_reports import missing_config_line
+    from mrl_lightning.config.reports import missing_config_line
 
     assert missing_config_line("{trainer: {max_steps: 3}}") is None
     assert missing_config_line("configs/default.yaml") is None  # exists (tests run from the repository root)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mrl_lightning.chat import encode_rendered, render_chat_prompt
+from mrl_lightning.model.chat import encode_rendered, render_chat_prompt
 from mrl_lightning.data import MathDataModule, PromptDataModule, PromptItem
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.policy import PolicyModule
@@ -152,7 +152,7 @@ def test_model_folder_without_tokenizer_files_names_the_missing_files(tiny_lm_fo
 
 
 def test_the_tokenizer_files_a_folder_needs_follow_its_config(tmp_path):
-    from mrl_lightning.model_source import tokenizer_files_problem
+    from mrl_lightning.model.source import tokenizer_files_problem
 
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     assert tokenizer_files_problem(tmp_path) == ("a llama model's tokenizer is tokenizer.json, or tokenizer.model "

@@ -11,7 +11,7 @@ import pytest
 from mrl_lightning.cli import main
 from mrl_lightning.data import PromptItem
 from mrl_lightning.policy import PolicyModule
-from mrl_lightning.prompt_fit import data_prompt_errors
+from mrl_lightning.policy.prompt_fit import data_prompt_errors
 
 from e2e_configs import forbid_model_build  # tests/e2e, on sys.path through this folder's conftest
 

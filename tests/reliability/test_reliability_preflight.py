@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mrl_lightning.checkpoint import CheckpointError, check_compatible, load_checkpoint
+from mrl_lightning.run.checkpoint import CheckpointError, check_compatible, load_checkpoint
 from mrl_lightning.cli import main
-from mrl_lightning.preflight import accelerator_errors, trainer_errors
+from mrl_lightning.config.preflight import accelerator_errors, trainer_errors
 from mrl_lightning.writable import file_system_type
 
 from e2e_configs import forbid_model_build  # tests/e2e, on sys.path through this folder's conftest
@@ -217,7 +217,7 @@ def test_lightnings_precision_line_is_held_back_when_refused_and_said_once_when_
     from lightning_utilities.core import rank_zero
 
     from mrl_lightning.errors import ConfigError
-    from mrl_lightning.preflight import make_fabric
+    from mrl_lightning.config.preflight import make_fabric
 
     said = []
     handler = logging.Handler()
@@ -304,7 +304,7 @@ def test_an_older_checkpoint_without_a_fingerprint_is_compared_by_its_weights(ti
 
 
 def test_a_recipes_vocabulary_is_open_until_its_tokenizer_is_trained():
-    from mrl_lightning.checkpoint import shape_differences
+    from mrl_lightning.run.checkpoint import shape_differences
 
     saved = {"wte.weight": [272, 32], "h.0.w": [32, 96]}
     assert shape_differences(saved, {"wte.weight": (320, 32), "h.0.w": (32, 96)}, open_size=320) == []
@@ -336,7 +336,7 @@ TRAINER_KEYS = {"max_steps", "eval_every_n_steps", "devices", "accelerator", "ve
 
 
 def test_trainer_values_are_read_from_configs_and_overrides_in_their_order(tmp_path):
-    from mrl_lightning.preflight import quick_trainer_errors
+    from mrl_lightning.config.preflight import quick_trainer_errors
 
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
     a.write_text("trainer:\n  max_steps: 0\n  devices: 1\n")
@@ -356,13 +356,13 @@ def test_trainer_values_are_read_from_configs_and_overrides_in_their_order(tmp_p
                                   ["--config", "/no/such/file.yaml"]],
                          ids=["print_config", "help", "whole-section", "unreadable-config"])
 def test_what_the_quick_reading_is_not_sure_of_is_left_to_the_full_parse(tmp_path, argv):
-    from mrl_lightning.preflight import quick_trainer_errors
+    from mrl_lightning.config.preflight import quick_trainer_errors
 
     assert quick_trainer_errors(["fit", "--trainer.max_steps", "0", *argv], TRAINER_KEYS) == []
 
 
 def test_a_bad_trainer_value_is_refused_before_the_config_is_parsed(write_tiny_config, monkeypatch, capsys):
-    from mrl_lightning.config_keys import MRLArgumentParser
+    from mrl_lightning.config.keys import MRLArgumentParser
 
     def no_parse(self, *args, **kwargs):
         raise AssertionError("the whole config was parsed before the trainer value was checked")
@@ -382,7 +382,7 @@ def _policies(tmp_path, name: str, *entries: dict):
 
 
 def test_policy_values_are_read_from_the_last_list_and_overrides_reach_its_last_entry(tmp_path):
-    from mrl_lightning.preflight import quick_policy_errors
+    from mrl_lightning.config.preflight import quick_policy_errors
 
     a = _policies(tmp_path, "a.yaml", {"name": "p", "model": "m", "learning_rate": "1e-3"},
                   {"name": "q", "model": "m", "num_generations": 1})
@@ -403,7 +403,7 @@ def test_policy_values_are_read_from_the_last_list_and_overrides_reach_its_last_
                                    ["--model.policies.init_args.no_such_option", "1"], ["--print_config"]],
                          ids=["whole-list", "class-path", "wrong-type", "unknown-option", "print_config"])
 def test_what_the_quick_policy_reading_is_not_sure_of_is_left_to_the_full_parse(tmp_path, extra):
-    from mrl_lightning.preflight import quick_policy_errors
+    from mrl_lightning.config.preflight import quick_policy_errors
 
     config = _policies(tmp_path, "a.yaml", {"name": "p", "model": "m", "temperature": 0.0})
     assert quick_policy_errors(["fit", "--config", config])[0] == "p"
@@ -411,7 +411,7 @@ def test_what_the_quick_policy_reading_is_not_sure_of_is_left_to_the_full_parse(
 
 
 def test_a_bad_policy_value_is_refused_before_the_config_is_parsed(write_tiny_config, monkeypatch, capsys):
-    from mrl_lightning.config_keys import MRLArgumentParser
+    from mrl_lightning.config.keys import MRLArgumentParser
 
     def no_parse(self, *args, **kwargs):
         raise AssertionError("the whole config was parsed before the policy value was checked")
@@ -441,7 +441,7 @@ def _refused_export(capsys, *argv) -> str:
 
 
 def test_an_override_of_a_policy_value_says_it_reaches_the_last_policy_only(tmp_path):
-    from mrl_lightning.preflight import policy_override_notes
+    from mrl_lightning.config.preflight import policy_override_notes
 
     two = _policies(tmp_path, "two.yaml", {"name": "p", "model": "m"}, {"name": "q", "model": "m"})
     one = _policies(tmp_path, "one.yaml", {"name": "p", "model": "m"})
@@ -477,7 +477,7 @@ def test_bf16_on_a_cpu_without_bf16_matrix_instructions_is_named_with_the_fix(mo
 def test_the_trainer_says_the_bf16_warning_once_and_never_in_a_launched_worker(monkeypatch, tmp_path):
     import warnings
 
-    from mrl_lightning import trainer as trainer_module
+    from mrl_lightning.loop import trainer as trainer_module
 
     monkeypatch.setattr("platform.machine", lambda: "x86_64")
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mrl_lightning.checkpoint import load_checkpoint
+from mrl_lightning.run.checkpoint import load_checkpoint
 from mrl_lightning.cli import main
 
 from e2e_configs import forbid_model_build  # tests/e2e, on sys.path through this folder's conftest

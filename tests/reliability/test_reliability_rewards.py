@@ -90,7 +90,7 @@ def test_numpy_and_tensor_results_are_accepted_as_numbers():
 
 
 def test_score_checks_every_reward_function_of_the_system(make_policy):
-    from mrl_lightning.system import MutualRL
+    from mrl_lightning.loop.system import MutualRL
 
     system = MutualRL(policies=[make_policy()], reward_funcs=[Returns([1.0, 0.0, 1.0, 0.0]), Returns([1.0] * 3)])
     with pytest.raises(RewardError, match="3 values for 4 completions"):

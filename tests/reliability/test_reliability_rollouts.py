@@ -8,13 +8,13 @@ import pytest
 import torch
 from reliability_helpers import force_logits
 
-from mrl_lightning.batch import TrainBatch
+from mrl_lightning.update.batch import TrainBatch
 from mrl_lightning.callbacks import SharedExperienceExchange
 from mrl_lightning.data.items import PromptItem
-from mrl_lightning.numerics import MAX_CONSECUTIVE_SKIPS, NonFiniteError
+from mrl_lightning.model.numerics import MAX_CONSECUTIVE_SKIPS, NonFiniteError
 from mrl_lightning.objectives.grpo import group_advantages
-from mrl_lightning.update import loss_counts, policy_update
-from mrl_lightning.reporting import rollout_metrics
+from mrl_lightning.update.policy_update import loss_counts, policy_update
+from mrl_lightning.loop.reporting import rollout_metrics
 from mrl_lightning.rewards import RewardFunction
 from mrl_lightning.thl import retokenize
 
@@ -40,7 +40,7 @@ class Alternating(RewardFunction):
 
 
 def _system(policy, reward=None):
-    from mrl_lightning.system import MutualRL
+    from mrl_lightning.loop.system import MutualRL
 
     return MutualRL(policies=[policy], reward_funcs=[reward or Alternating()])
 

@@ -2,7 +2,7 @@
 
 Fast tests of the parts: the lifeline that ties a worker to its launcher (real processes,
 no torch), the launcher's watch of its workers (real processes), what each rank prints and
-exits with (:func:`mrl_lightning.run_stop.stop_run`), and Ctrl-C in a one-process run.
+exits with (:func:`mrl_lightning.run.stop.stop_run`), and Ctrl-C in a one-process run.
 The multi-process runs are in ``test_reliability_workers.py`` (slow).
 """
 
@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from mrl_lightning.checkpoint import CheckpointError
+from mrl_lightning.run.checkpoint import CheckpointError
 from mrl_lightning.cli import main
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.lifeline import LAUNCHER_PID_ENV, tie_to_launcher
 from mrl_lightning.mwra.launcher import EXIT_PEER_STOPPED, WorkerWatch
 from mrl_lightning.mwra.workers import CollectiveError, WorkerError
-from mrl_lightning.run_stop import StopContext, stop_run
+from mrl_lightning.run.stop import StopContext, stop_run
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = textwrap.dedent("""
@@ -267,7 +267,7 @@ def test_the_watch_interrupts_the_main_thread_also_where_sigint_is_ignored(monke
 
 
 def test_ctrl_c_in_a_one_process_run_prints_the_hint_once_without_a_traceback(write_tiny_config, monkeypatch, capsys):
-    from mrl_lightning import update
+    from mrl_lightning.update import policy_update as update
 
     real, calls = update.policy_update, []
 
@@ -277,7 +277,7 @@ def test_ctrl_c_in_a_one_process_run_prints_the_hint_once_without_a_traceback(wr
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("mrl_lightning.trainer.policy_update", interrupted)
+    monkeypatch.setattr("mrl_lightning.loop.trainer.policy_update", interrupted)
     config = write_tiny_config(modify=lambda c: c["trainer"].update(max_steps=3, version="ctrl_c"))
     assert main(["fit", "--config", str(config)]) == 130
     captured = capsys.readouterr()
@@ -289,7 +289,7 @@ def test_ctrl_c_in_a_one_process_run_prints_the_hint_once_without_a_traceback(wr
 
 
 class _FitCliImportedUnderCtrlC(type(sys)):
-    """A stand-in ``mrl_lightning.fit_cli`` whose import Ctrl-C interrupts (as in the first seconds of ``mrl fit``,
+    """A stand-in ``mrl_lightning.commands.fit`` whose import Ctrl-C interrupts (as in the first seconds of ``mrl fit``,
     while torch and Lightning are imported)."""
 
     def __getattr__(self, name):
@@ -306,8 +306,8 @@ class _FitCliImportedUnderCtrlC(type(sys)):
 
 @pytest.mark.parametrize("worker", [False, True], ids=["launcher", "launched-worker"])
 def test_ctrl_c_while_torch_is_imported_prints_the_hint_once_without_a_traceback(monkeypatch, capsys, worker):
-    stand_in = _FitCliImportedUnderCtrlC("mrl_lightning.fit_cli")
-    monkeypatch.setitem(sys.modules, "mrl_lightning.fit_cli", stand_in)
+    stand_in = _FitCliImportedUnderCtrlC("mrl_lightning.commands.fit")
+    monkeypatch.setitem(sys.modules, "mrl_lightning.commands.fit", stand_in)
     monkeypatch.setattr("mrl_lightning.cli.is_launched_worker", lambda: worker)
     sigint = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
     try:

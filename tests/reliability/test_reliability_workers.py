@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from mrl_lightning.checkpoint import load_checkpoint
+from mrl_lightning.run.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
 

@@ -103,8 +103,8 @@ def test_sampling_runs_under_the_updates_autocast_for_hf_policies_in_mixed_preci
                                                                                     under_autocast):
     from types import SimpleNamespace
 
-    from mrl_lightning.trainer import MRLTrainer
-    from mrl_lightning.update import sampling_precision
+    from mrl_lightning.loop.trainer import MRLTrainer
+    from mrl_lightning.update.policy_update import sampling_precision
 
     trainer = MRLTrainer(max_steps=1, accelerator="cpu", devices=1, precision=precision,
                          default_root_dir=str(tmp_path), enable_progress_bar=False)

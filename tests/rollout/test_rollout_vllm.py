@@ -21,16 +21,16 @@ import torch
 from vllm_double import FakeLLM, FakeSamplingParams, FakeVLLMClient
 
 from mrl_lightning.builders import build_policy
-from mrl_lightning.batch import TrainBatch
+from mrl_lightning.update.batch import TrainBatch
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.policy import PolicyModule
-from mrl_lightning.update import policy_update
+from mrl_lightning.update.policy_update import policy_update
 from mrl_lightning.rewards.base import RewardFunction
 from mrl_lightning.rollout import HFGenerateEngine
 from mrl_lightning.rollout.base import RolloutBatch
 from mrl_lightning.rollout.vllm_engine import Sample, VLLMEngine
 from mrl_lightning.builders.engines import build_vllm_engine
-from mrl_lightning.system import MutualRL
+from mrl_lightning.loop.system import MutualRL
 from mrl_lightning.thl import decode_completion
 
 PROMPTS = ["Calculate 1 + 2.", "What is 7 - 5?\nAnswer:", "ab"]

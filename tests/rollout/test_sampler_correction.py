@@ -18,7 +18,7 @@ from mrl_lightning.objectives.grpo import grpo_loss
 from mrl_lightning.policy import PolicyModule
 from mrl_lightning.rollout.sampler_correction import importance_weights, sampler_mismatch_metrics
 from mrl_lightning.builders.engines import colocated_memory_share
-from mrl_lightning.model_source import ModelRecipe
+from mrl_lightning.model.source import ModelRecipe
 
 LN = math.log
 SAMPLER = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -1.0, -1.0]])
@@ -200,10 +200,10 @@ def test_the_share_uses_the_plans_own_estimate_of_states_and_update_activations(
 def test_the_update_takes_old_log_probs_and_weights_from_its_own_first_forward(tiny_lm_dir, mode):
     """No pass of its own: micro-batch by micro-batch, the first iteration's forward gives the old
     log-probs (a no-grad pass at the same weights gives the same bits) and the weights of the whole batch."""
-    from mrl_lightning.batch import TrainBatch
+    from mrl_lightning.update.batch import TrainBatch
     from mrl_lightning.builders import build_policy
     from mrl_lightning.rollout import HFGenerateEngine
-    from mrl_lightning.update import policy_update
+    from mrl_lightning.update.policy_update import policy_update
 
     policy = PolicyModule(name="p", model=str(tiny_lm_dir), temperature=0.7, num_generations=3,
                           max_completion_length=5, micro_batch_size=2, num_iterations=2,

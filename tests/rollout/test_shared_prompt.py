@@ -1,4 +1,4 @@
-"""Each distinct prompt runs once (mrl_lightning.forward): same numbers as the plain passes.
+"""Each distinct prompt runs once (mrl_lightning.model.forward): same numbers as the plain passes.
 
 The training forward (``completion_logits``) and sampling (``shared_prefix_cache`` behind
 the HF engine) share each prompt's KV cache across its G completions. On left-padded
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mrl_lightning.forward import completion_logits
+from mrl_lightning.model.forward import completion_logits
 from mrl_lightning.rollout import HFGenerateEngine
 
 PROMPTS = ["Calculate 1 + 2.", "What is 7 - 5?\nAnswer:", "ab"]

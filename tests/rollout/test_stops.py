@@ -99,7 +99,7 @@ def test_vllm_server_labels_a_completion_ended_at_the_end_of_turn_stop(chat_poli
 def test_a_transferred_success_ends_with_the_receivers_end_of_turn_behind_its_own_truncated_prompt(chat_policy):
     """SGT's demo: the receiver's own prompt ids (its rollouts': BOS and template head kept when the
     question is cut) and the completion ending with the receiver's end of turn, not its EOS."""
-    from mrl_lightning.batch import ScoredRollouts, TrainBatch
+    from mrl_lightning.update.batch import ScoredRollouts, TrainBatch
     from mrl_lightning.callbacks import SuccessGatedTransfer
     from mrl_lightning.data.items import PromptItem
     from mrl_lightning.exchange import ExperienceExchange, SuccessRecord

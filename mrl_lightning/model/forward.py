@@ -111,7 +111,7 @@ def completion_hidden(
     The passes of :func:`completion_logits` with ``output_hidden_states`` and the model's own
     head on one position per row only (``logits_to_keep=1``): the last sequence position, whose
     hidden state and logits come back as a probe that the caller's head must reproduce
-    (:mod:`mrl_lightning.logprobs`).
+    (:mod:`mrl_lightning.model.logprobs`).
 
     Args:
         model, prompt_ids, prompt_mask, completion_ids, completion_mask, share_prompts: As

@@ -98,7 +98,7 @@ def eval_counts(
     """Successes on held-out prompts of the given policies, as sums and counts.
 
     Args:
-        system: The :class:`~mrl_lightning.system.MutualRL`.
+        system: The :class:`~mrl_lightning.loop.system.MutualRL`.
         eval_items: Part name -> held-out prompts.
         policies: Policies to evaluate (this rank's).
         num_samples: Greedy completions of each part's first ``num_samples`` prompts kept for the
@@ -233,7 +233,7 @@ def evaluate_on_workers(system, eval_items: dict[str, list], workers, num_sample
     """Evaluate this rank's policies on its shard of the held-out prompts, merged over every rank.
 
     Args:
-        system: The :class:`~mrl_lightning.system.MutualRL`.
+        system: The :class:`~mrl_lightning.loop.system.MutualRL`.
         eval_items: Part name -> held-out prompts.
         workers: This rank's :class:`~mrl_lightning.mwra.Workers` (its policies, shards, the gather).
         num_samples: Greedy completions of each part's first prompts kept as a text table per policy.

@@ -9,7 +9,7 @@ batch of B prompts from its *own* draws of the data
 term then trains on the first B groups with a signal in draw order (the shared batch first),
 as verl keeps the first ``train_batch_size``; when the cap is reached first, on the ones it
 has; with none (and no probe term giving a gradient) the policy takes no optimizer step at all
-(:func:`mrl_lightning.update.empty_update`, ``train/<p>/empty_updates_skipped``).
+(:func:`mrl_lightning.update.policy_update.empty_update`, ``train/<p>/empty_updates_skipped``).
 
 Why the policy's own draws, not more prompts for every policy: every policy still sees the
 step's same B prompts; the shared stream's position never depends on a policy's rewards, so
@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mrl_lightning.batch import ScoredRollouts, concat_scored
+from mrl_lightning.update.batch import ScoredRollouts, concat_scored
 from mrl_lightning.metrics import Max, Mean, Sum
 from mrl_lightning.mwra import stream_seed
 from mrl_lightning.objectives.group_filter import first_kept, groups_with_signal
@@ -46,7 +46,7 @@ def sample_until_full(system, policy, datamodule, workers, items: list, first: S
     """Extra generation batches for ``policy`` until B of its groups have a signal or the cap is reached.
 
     Args:
-        system: The :class:`~mrl_lightning.system.MutualRL` (``rollout``).
+        system: The :class:`~mrl_lightning.loop.system.MutualRL` (``rollout``).
         policy: A policy with ``filter_groups`` set.
         datamodule: The prompt data module (``extra_batch``).
         workers: This rank's :class:`~mrl_lightning.mwra.Workers` (the policy's group).

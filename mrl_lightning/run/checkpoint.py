@@ -14,7 +14,7 @@ Layout (format version 3): ``last.ckpt`` / ``step=<k>.ckpt`` is the checkpoint's
 (counters, callbacks, data, RNG, placement, fingerprint and ``parts``: policy name ->
 its part file); each policy's weights and optimizer state are a *part* of their own,
 ``step=<k>.parts/<policy>.pt``, written by the policy's group leader
-(:mod:`mrl_lightning.run_checkpoint`). A part names its policy and step, and every part
+(:mod:`mrl_lightning.run.state`). A part names its policy and step, and every part
 is complete on disk before the manifest that names it is renamed into place, so a
 manifest never names parts of another step or a part still being written.
 :func:`load_checkpoint` reads the manifest and the parts asked for; versions 1 and 2 (one
@@ -180,7 +180,7 @@ def _unreadable(path: Path, what: str, manifest: Path, step: int | None, exc: Ex
 
 
 def load_checkpoint(path: str | Path, policies: list[str] | tuple[str, ...] | None = None) -> dict[str, Any]:
-    """Load a checkpoint written by :mod:`mrl_lightning.run_checkpoint` (weights-only; docs/loop.md, "Checkpoints").
+    """Load a checkpoint written by :mod:`mrl_lightning.run.state` (weights-only; docs/loop.md, "Checkpoints").
 
     Args:
         path: ``last.ckpt`` or ``step=<k>.ckpt`` (a manifest, or an older single file).

@@ -5,7 +5,7 @@
 0. once per batch: the reference model's log-probs (``beta > 0``; for a LoRA policy its own
    base with the adapter disabled);
 1. the GRPO loss (the policy's ``loss_type`` and importance level, with the masks on the
-   policy term: :func:`~mrl_lightning.grpo_terms.top_entropy_mask`, docs/grpo.md) forward and
+   policy term: :func:`~mrl_lightning.update.grpo_terms.top_entropy_mask`, docs/grpo.md) forward and
    backward per micro-batch of ``micro_batch_size`` sequences, each divided by the whole
    group's normalizers (``batch.group_counts``: sequences and tokens over the policy's
    ranks), so any split and any number of ranks give one gradient; a rank with no rows
@@ -19,7 +19,7 @@
    gradients, so k ranks bound what one rank on the whole batch would
    (:mod:`mrl_lightning.objectives.aux_share`); each term runs its own forward over its own
    rows only (SGT's few demos), so the bound is exact on every step (docs/probes.md, "Cost");
-4. the non-finite skip (NaN/inf gradient: no step, :func:`mrl_lightning.numerics.skip_nonfinite_update`);
+4. the non-finite skip (NaN/inf gradient: no step, :func:`mrl_lightning.model.numerics.skip_nonfinite_update`);
    then the empty skip (:func:`empty_update`): dynamic sampling kept no group on any of the policy's
    ranks and no probe term gave a gradient either, so there is nothing to train on and no
    optimizer step is taken (docs/grpo.md, "Dynamic sampling");
@@ -39,17 +39,17 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from mrl_lightning.batch import AuxiliaryLoss, TrainBatch
-from mrl_lightning.grpo_terms import finish_loss_metrics, note_loss_stats, top_entropy_mask, zero_gradients
+from mrl_lightning.update.batch import AuxiliaryLoss, TrainBatch
+from mrl_lightning.update.grpo_terms import finish_loss_metrics, note_loss_stats, top_entropy_mask, zero_gradients
 from mrl_lightning.metrics import Max, Mean, Min, Sum
-from mrl_lightning.numerics import gradient_norm, skip_nonfinite_update
+from mrl_lightning.model.numerics import gradient_norm, skip_nonfinite_update
 from mrl_lightning.objectives.aux_share import backward_aux_losses
-from mrl_lightning.head_factors import factorable_weight
+from mrl_lightning.model.head_factors import factorable_weight
 from mrl_lightning.objectives.grpo import group_advantages, grpo_loss, masked_mean
 from mrl_lightning.objectives.loss_types import GRPO, LOSS_TYPES
-from mrl_lightning.policy import PolicyModule
+from mrl_lightning.policy.module import PolicyModule
 from mrl_lightning.rollout.sampler_correction import SamplerCorrection
-from mrl_lightning.weight_casts import shared_casts
+from mrl_lightning.model.weight_casts import shared_casts
 
 Reduce = Callable[[list[torch.nn.Parameter]], None]
 
@@ -99,10 +99,10 @@ def new_train_batch(policy: PolicyModule, scored, group_sum: Callable[[dict], di
 
     Args:
         policy: The policy.
-        scored: Its :class:`~mrl_lightning.batch.ScoredRollouts` on this rank.
+        scored: Its :class:`~mrl_lightning.update.batch.ScoredRollouts` on this rank.
         group_sum: Sums a dict of floats over the policy's ranks (:meth:`~mrl_lightning.mwra.Workers.group_sum`).
         group_size: Ranks in the policy's group.
-        keep: ``[B]`` bool, the groups the GRPO term trains on (:mod:`mrl_lightning.dynamic_sampling`); None = all.
+        keep: ``[B]`` bool, the groups the GRPO term trains on (:mod:`mrl_lightning.loop.dynamic_sampling`); None = all.
     """
     batch_std = None
     trained = scored if keep is None else scored.select_groups([int(b) for b in torch.nonzero(keep).flatten()])
@@ -212,7 +212,7 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
 
     Args:
         policy: The policy.
-        batch: Its :class:`~mrl_lightning.batch.TrainBatch` (``group_counts`` set by the loop
+        batch: Its :class:`~mrl_lightning.update.batch.TrainBatch` (``group_counts`` set by the loop
             on a data-parallel group; None = this rank is the whole group).
         model: The Fabric-wrapped model (``fabric.setup``) to run forward passes with.
         fabric: The Fabric instance (``backward``, ``clip_gradients``, ``autocast``).
@@ -231,7 +231,7 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
         terms: forward, backward, reduction and bound), each summed over the iterations.
 
     Raises:
-        NonFiniteError: too many non-finite updates in a row (:mod:`mrl_lightning.numerics`).
+        NonFiniteError: too many non-finite updates in a row (:mod:`mrl_lightning.model.numerics`).
         ValueError: an auxiliary term's ``max_grad_share`` is not in (0, 1).
     """
     r = batch.scored.rollouts
@@ -262,7 +262,7 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
     for iteration in range(policy.num_iterations):
         optimizer.zero_grad(set_to_none=True)
         device = getattr(getattr(fabric, "device", None), "type", None)
-        # this optimizer step's passes: one cast per weight (mrl_lightning/weight_casts.py)
+        # this optimizer step's passes: one cast per weight (mrl_lightning/model/weight_casts.py)
         with shared_casts(None if policy.fsdp else device):
             entropy_mask = top_entropy_mask(policy, r, loss_mask(policy, r), model, gather)
             _fold(metrics, _grpo_backward(policy, batch, fabric, model, logprobs, slices, ref, sampler_weights,
@@ -283,7 +283,7 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
                         terms, policy, model, fabric.backward, params, tag=lambda term: f"probe/{term}/{p}",
                         totals=totals, reduce=reduce, terms=batch.group_terms,
                         # one rank (no group's terms): a large tied head's term gradient as its factors
-                        # (mrl_lightning/head_factors.py)
+                        # (mrl_lightning/model/head_factors.py)
                         factored_head=factorable_weight(policy) if batch.group_terms is None else None)
                 _fold(metrics, term_metrics)
                 metrics[aux_key] += time.perf_counter() - t0

@@ -1,6 +1,6 @@
 """Does ``max_prompt_length`` keep the data's questions apart? Checked on the data's own prompts.
 
-:func:`~mrl_lightning.policy_checks.prompt_collision_errors` renders two fixed probe questions;
+:func:`~mrl_lightning.policy.checks.prompt_collision_errors` renders two fixed probe questions;
 their last tokens differ (one ends in ``?``, the other in ``.``), so a ``max_prompt_length`` of 2
 passed it while every prompt of an arithmetic task (``Calculate 53 + 4.\\nA:``) was cut to the
 same ``.\\nA:`` and the model never saw a question (docs/reliability.md, row 64).
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mrl_lightning.chat import encode_rendered
-from mrl_lightning.model_source import ModelRecipe
+from mrl_lightning.model.chat import encode_rendered
+from mrl_lightning.model.source import ModelRecipe
 
 
 def check_tokenizer(policy, datamodule):

@@ -13,22 +13,16 @@ import contextlib
 import lightning.pytorch as pl
 import torch
 
-from mrl_lightning.batch import ScoredRollouts
+from mrl_lightning.update.batch import ScoredRollouts
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.mwra.rng import sampling_rng
-from mrl_lightning.mwra.sharding import full_weights
-from mrl_lightning.numerics import check_finite_logprobs, named_sampling_errors
 from mrl_lightning.objectives.grpo import combine_rewards
-from mrl_lightning.policy import PolicyModule
+from mrl_lightning.policy.module import PolicyModule
+from mrl_lightning.policy.sampling import sample
 from mrl_lightning.rewards import ReasoningGymAccuracy, RewardFunction, checked_rewards
 from mrl_lightning.rollout.base import RolloutEngine
 from mrl_lightning.rollout.hf_generate import HFGenerateEngine
 from mrl_lightning.builders.engines import build_vllm_engine
-
-
-def _draw(policy: PolicyModule) -> dict:
-    """The hf engine's ``sampling_draw`` (a policy of another engine samples with that engine's own sampler)."""
-    return {"sampling_draw": policy.sampling_draw} if policy.rollout_engine == "hf" else {}
 
 
 class MutualRL(pl.LightningModule):
@@ -131,17 +125,10 @@ class MutualRL(pl.LightningModule):
                 the step's batch, so the rank that samples it does not matter); None = drawn from
                 the stream above.
         """
-        prompts = [policy.render_prompt(x) for x in items]
-        with sampling_rng(seed) if seed is not None else contextlib.nullcontext(), \
-                named_sampling_errors(policy.policy_name), full_weights(policy.model):
-            out = self.engine_for(policy, len(items)).generate(
-                policy.model, policy.tokenizer, policy.encode_prompts(prompts),
-                num_generations=policy.num_generations, max_completion_length=policy.max_completion_length,
-                temperature=policy.temperature, top_p=policy.top_p, top_k=policy.top_k,
-                weights_version=policy.optimizer_steps_taken, prompt_seeds=prompt_seeds,
-                stop_token_ids=policy.stop_token_ids, **policy.stop_kwargs, **_draw(policy),
-            )
-        check_finite_logprobs(policy.policy_name, out.old_logprobs, out.completion_mask)
+        with sampling_rng(seed) if seed is not None else contextlib.nullcontext():  # a first vLLM build too
+            engine = self.engine_for(policy, len(items))
+            prompts, out = sample(policy, engine, items, policy.num_generations, prompt_seeds=prompt_seeds,
+                                  check_finite=True)
         repeated = [x for x in items for _ in range(policy.num_generations)]
         per_func, rewards, success = self.score(out.completion_texts, repeated)
         shape = (len(items), policy.num_generations)
@@ -151,18 +138,9 @@ class MutualRL(pl.LightningModule):
     @torch.no_grad()
     def greedy_success(self, policy: PolicyModule, items: list) -> tuple[float, list[str]]:
         """Share of ``items`` solved by greedy decoding, and the completions."""
-        with full_weights(policy.model):  # a sharded policy samples on its full weights (mwra/sharding.py)
-            out = self._greedy(policy, items)
+        _, out = sample(policy, self.engine_for(policy, len(items)), items, 1, greedy=True)
         _, _, success = self.score(out.completion_texts, items)
         return float(success.float().mean()), out.completion_texts
-
-    def _greedy(self, policy: PolicyModule, items: list):
-        return self.engine_for(policy, len(items)).generate(
-            policy.model, policy.tokenizer, policy.encode_prompts([policy.render_prompt(x) for x in items]),
-            num_generations=1, max_completion_length=policy.max_completion_length, do_sample=False,
-            weights_version=policy.optimizer_steps_taken, stop_token_ids=policy.stop_token_ids,
-            **policy.stop_kwargs,
-        )
 
     @torch.no_grad()
     def sampled_success(self, policy: PolicyModule, items: list, num_samples: int, seed: int) -> float:
@@ -181,14 +159,7 @@ class MutualRL(pl.LightningModule):
     def rollout_n(self, policy: PolicyModule, items: list, num_samples: int,
                   prompt_seeds: list[int] | None = None) -> torch.Tensor:
         """``[B, num_samples]`` bool success of sampled completions (``prompt_seeds``: as :meth:`rollout`)."""
-        with named_sampling_errors(policy.policy_name), full_weights(policy.model):
-            out = self.engine_for(policy, len(items)).generate(
-                policy.model, policy.tokenizer, policy.encode_prompts([policy.render_prompt(x) for x in items]),
-                num_generations=num_samples, max_completion_length=policy.max_completion_length,
-                temperature=policy.temperature, top_p=policy.top_p, top_k=policy.top_k,
-                weights_version=policy.optimizer_steps_taken, prompt_seeds=prompt_seeds,
-                stop_token_ids=policy.stop_token_ids, **policy.stop_kwargs, **_draw(policy),
-            )
+        _, out = sample(policy, self.engine_for(policy, len(items)), items, num_samples, prompt_seeds=prompt_seeds)
         repeated = [x for x in items for _ in range(num_samples)]
         _, _, success = self.score(out.completion_texts, repeated)
         return success.view(len(items), num_samples)

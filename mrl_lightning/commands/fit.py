@@ -15,15 +15,15 @@ import sys
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from mrl_lightning.config_keys import MRLArgumentParser
-from mrl_lightning.config_reports import model_file_lines, with_config_file
+from mrl_lightning.config.keys import MRLArgumentParser
+from mrl_lightning.config.reports import model_file_lines, with_config_file
 from mrl_lightning.data.stream import PromptDataModule
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.lifeline import is_launched_worker
-from mrl_lightning.preflight import (policy_override_notes, quick_package_errors, quick_policy_errors,
+from mrl_lightning.config.preflight import (policy_override_notes, quick_package_errors, quick_policy_errors,
                                     quick_trainer_errors, trainer_errors)
-from mrl_lightning.system import MutualRL
-from mrl_lightning.trainer import MRLTrainer
+from mrl_lightning.loop.system import MutualRL
+from mrl_lightning.loop.trainer import MRLTrainer
 
 DESCRIPTION = "Train several policies together with GRPO and experience sharing (docs/README.md)."
 
@@ -45,7 +45,7 @@ class MRLCLI(LightningCLI):
             args=args,
             run=run,
             # allow_abbrev=False: --trainer.max_step is refused, not read as --trainer.max_steps
-            # (subcommand parsers copy it from the main parser; mrl_lightning.config_keys).
+            # (subcommand parsers copy it from the main parser; mrl_lightning.config.keys).
             parser_kwargs={"description": DESCRIPTION, "allow_abbrev": False, "fit": {"default_env": False}},
             parser_class=MRLArgumentParser,  # names the nearest valid key after an unknown one
         )
@@ -66,9 +66,9 @@ class MRLCLI(LightningCLI):
 
         A bad ``--trainer.*`` value, or a policy's own value (GRPO, sampling, engine, LoRA
         options), given in a ``--config`` file or as an override, is reported without waiting
-        for the parse of the whole config (:func:`mrl_lightning.preflight.quick_trainer_errors`,
-        :func:`~mrl_lightning.preflight.quick_policy_errors`), and so is every policy's missing package
-        (:func:`~mrl_lightning.preflight.quick_package_errors`); the parsed values are checked again when the
+        for the parse of the whole config (:func:`mrl_lightning.config.preflight.quick_trainer_errors`,
+        :func:`~mrl_lightning.config.preflight.quick_policy_errors`), and so is every policy's missing package
+        (:func:`~mrl_lightning.config.preflight.quick_package_errors`); the parsed values are checked again when the
         classes are built.
 
         Raises:
@@ -101,7 +101,7 @@ class MRLCLI(LightningCLI):
 
         The model and data classes are built before the trainer, and the data's may import its
         libraries (reasoning-gym: about a second); a bad ``--trainer.*`` value is reported
-        without waiting for them (:func:`mrl_lightning.preflight.trainer_errors`).
+        without waiting for them (:func:`mrl_lightning.config.preflight.trainer_errors`).
         """
         section = self._get(self.config, "trainer")
         values = section.as_dict() if hasattr(section, "as_dict") else dict(section or {})
@@ -115,7 +115,7 @@ class MRLCLI(LightningCLI):
 
         Our checkpoints hold no ``hyper_parameters`` (the config is the YAML), and
         LightningCLI's raw ``torch.load`` would crash with a bare traceback on a truncated
-        file; :func:`mrl_lightning.checkpoint.load_checkpoint` reads and checks the file
+        file; :func:`mrl_lightning.run.checkpoint.load_checkpoint` reads and checks the file
         instead, with an error that names it.
         """
 

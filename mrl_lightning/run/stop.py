@@ -11,9 +11,9 @@ exception ended the loop, what that rank prints and with which exit status it en
 - a full disk (``OSError(ENOSPC)`` in the cause chain: a checkpoint, ``config.yaml``, a
   log): ``mrl: disk full`` on one line naming the file and the disk, what is left to
   resume from and what to do (:func:`disk_full_line`); status 2, as for bad input: the user
-  fixes it outside the code, and nothing half-written is left (:func:`mrl_lightning.checkpoint.atomic_write`).
+  fixes it outside the code, and nothing half-written is left (:func:`mrl_lightning.run.checkpoint.atomic_write`).
 - Ctrl-C (``KeyboardInterrupt``): rank 0 prints the interrupted line
-  (:func:`~mrl_lightning.progress.interrupted_line`), the other ranks nothing; status 130.
+  (:func:`~mrl_lightning.loop.progress.interrupted_line`), the other ranks nothing; status 130.
 - a failed or timed-out collective (:class:`~mrl_lightning.mwra.CollectiveError`: a peer
   failed, ended or hangs), or rank 0 interrupted by its launcher's watch because a worker
   ended: a worker (rank 1..N-1 of a launched run) prints nothing and ends with status 3
@@ -105,7 +105,7 @@ def disk_full_line(error: OSError, ctx: "StopContext") -> str:
     """``mrl: disk full[ (rank r: policies)][ in phase 'p' at step k]:`` and what failed, what is left and what to
     do, one line (the rank when there are several).
 
-    The message of :func:`~mrl_lightning.checkpoint.atomic_write` says it all; a bare ``ENOSPC``
+    The message of :func:`~mrl_lightning.run.checkpoint.atomic_write` says it all; a bare ``ENOSPC``
     from elsewhere (a log, a traceback) gets the file when the error names it, the run folder's
     disk and the checkpoint to resume from (``ctx.last_checkpoint``) or "start the run again".
     """
@@ -141,7 +141,7 @@ class StopContext:
         launched_worker: This process is a worker started by an ``mrl`` launcher (it may stay quiet:
             the launcher's rank 0 speaks for the run).
         watch: Rank 0's watch of the workers it launched (None elsewhere, and under torchrun / SLURM).
-        interrupted_line: The line Ctrl-C prints (:func:`~mrl_lightning.progress.interrupted_line`).
+        interrupted_line: The line Ctrl-C prints (:func:`~mrl_lightning.loop.progress.interrupted_line`).
         policies_of: Rank -> the policies it runs (for messages about another rank).
         traceback_dir: Where tracebacks of unexpected errors are written (the run folder).
         last_checkpoint: The run's ``last.ckpt`` (named when another rank's end stops the run).

@@ -85,7 +85,7 @@ def config_file_setting(key: str | None, args: list[str], value: str | None = No
 
 
 def with_config_file(line: str, args: list[str]) -> str:
-    """``line`` (``trainer.<key>=<value> must ...``, :func:`mrl_lightning.preflight.trainer_errors`) led by the
+    """``line`` (``trainer.<key>=<value> must ...``, :func:`mrl_lightning.config.preflight.trainer_errors`) led by the
     ``--config`` file in ``args`` that set that value, when one did (docs/reliability.md, row 24b)."""
     found = _SETTING.match(line)
     if not found:

@@ -22,7 +22,7 @@ rounding (tested across chunk sizes: < 1e-5 nats, gradients within 1e-5 relative
 Two cases of the linear head's path: a call of at most one chunk of positions keeps that chunk's
 logits for its backward instead of computing them again (one tile, the same product: the same
 bits; tested); and while an auxiliary term's pass collects a large tied head's gradient as its
-factors (:mod:`mrl_lightning.head_factors`), every call with gradient takes this path,
+factors (:mod:`mrl_lightning.model.head_factors`), every call with gradient takes this path,
 whatever its size, and its backward keeps ``dZ`` and ``H`` instead of making ``dZ^T H``.
 
 The head is the model's own ``get_output_embeddings()`` module (a LoRA or
@@ -44,9 +44,9 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from mrl_lightning.forward import completion_hidden, completion_logits
-from mrl_lightning.head_factors import FACTOR_ELEMENTS, active_for
-from mrl_lightning.weight_casts import low
+from mrl_lightning.model.forward import completion_hidden, completion_logits
+from mrl_lightning.model.head_factors import FACTOR_ELEMENTS, active_for
+from mrl_lightning.model.weight_casts import low
 
 LOGPROB_CHUNK_ELEMENTS = 1 << 24
 """Logits (positions x V) one chunk of the chunked path holds: 16,777,216, 64 MiB in float32.
@@ -312,7 +312,7 @@ def completion_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completi
         completion_ids: ``[N, L]`` int64.
         completion_mask: ``[N, L]`` bool, True = counted.
         temperature: > 0.
-        share_prompts: Run each distinct prompt once (:mod:`mrl_lightning.forward`).
+        share_prompts: Run each distinct prompt once (:mod:`mrl_lightning.model.forward`).
         with_entropy: Also return the entropy.
         allow_chunks: False = always the plain computation (an FSDP policy, whose head is sharded
             outside its forward).
@@ -349,7 +349,7 @@ def completion_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completi
         if mine.shape != theirs.shape or float((mine.float() - theirs.float()).abs().max()) > tolerance:
             _WARNED.add(name)
             warnings.warn(f"{name}: its logits are not softcap(output head(final hidden state)); log-probs are taken "
-                          "over whole [N, L, V] logits for this model class (mrl_lightning.logprobs).", stacklevel=2)
+                          "over whole [N, L, V] logits for this model class (mrl_lightning.model.logprobs).", stacklevel=2)
             logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, share_prompts)
             return token_logprobs(logits, completion_ids, temperature, with_entropy)
         _CHECKED.add(head)

@@ -7,7 +7,7 @@ weight gradient ``dZ^T H``, the embedding's dense lookup gradient (zeros plus th
 read), and their sum. On a CPU that is most of the pass for a few demo rows. While
 :func:`collect` is active the pass makes none of them:
 
-- the head (:class:`~mrl_lightning.logprobs._LinearHeadChunks`, which the log-probs then always
+- the head (:class:`~mrl_lightning.model.logprobs._LinearHeadChunks`, which the log-probs then always
   take) keeps ``dZ`` (``[n, V]``, the logits' gradient at the n counted positions, in the compute
   dtype) and ``H`` (``[n, h]``) instead of returning ``dZ^T H``;
 - the lookup returns its rows only (``torch.nn.Embedding(sparse=True)`` for the pass), so the

@@ -1,9 +1,9 @@
 """Config time: what a run checks before it builds or warm-starts any model (docs/reliability.md).
 
-:func:`check_before_build` runs first in :meth:`MRLTrainer.fit <mrl_lightning.trainer.MRLTrainer.fit>`,
+:func:`check_before_build` runs first in :meth:`MRLTrainer.fit <mrl_lightning.loop.trainer.MRLTrainer.fit>`,
 on every rank, before the workers are launched. Each problem is a
 :class:`~mrl_lightning.errors.ConfigError` (or a
-:class:`~mrl_lightning.checkpoint.CheckpointError`) naming the field, the value and the fix,
+:class:`~mrl_lightning.run.checkpoint.CheckpointError`) naming the field, the value and the fix,
 so ``mrl fit`` stops with status 2 within seconds instead of minutes into a warm-start or
 after every rank has built its models:
 
@@ -13,11 +13,11 @@ after every rank has built its models:
 3. ``strong_parts`` among the data parts (:func:`part_errors`), each recipe's checks against the data
    (``warm_start_part`` among the data parts, a cache
    it can write when its model is not built yet: :meth:`ModelRecipe.config_errors
-   <mrl_lightning.model_source.ModelRecipe.config_errors>`) and each policy's model config
+   <mrl_lightning.model.source.ModelRecipe.config_errors>`) and each policy's model config
    counted on the meta device (LoRA target modules);
 4. ``--ckpt_path``: readable, of this code's format, and of this config: policy names,
    data parts, each policy's family, kind (full / LoRA) and parameter shapes
-   (:func:`~mrl_lightning.checkpoint.check_compatible`);
+   (:func:`~mrl_lightning.run.checkpoint.check_compatible`);
 5. the MWRA resource plan (devices, workers against cores, threads, memory:
    :func:`~mrl_lightning.mwra.plan.plan_resources`);
 6. on rank 0, the run folder: not already holding a run, and writable.
@@ -40,17 +40,17 @@ from lightning.fabric import Fabric
 
 from mrl_lightning.builders import plan_shapes
 from mrl_lightning.callbacks.base import service_errors, sharing_errors
-from mrl_lightning.checkpoint import check_compatible, load_checkpoint
-from mrl_lightning.config_keys import parsed_file_naming
+from mrl_lightning.run.checkpoint import check_compatible, load_checkpoint
+from mrl_lightning.config.keys import parsed_file_naming
 from mrl_lightning.errors import ConfigError
-from mrl_lightning.model_source import ModelRecipe
+from mrl_lightning.model.source import ModelRecipe
 from mrl_lightning.mwra import PLACEMENTS, Placement, build_placement
 from mrl_lightning.mwra.plan import plan_resources
 from mrl_lightning.mwra.sharding import sharding_errors
 from mrl_lightning.mwra.strategy import PolicyGroupsStrategy
-from mrl_lightning.policy_checks import package_errors, part_errors
-from mrl_lightning.prompt_fit import prompt_errors
-from mrl_lightning.run_checkpoint import check_run_folder
+from mrl_lightning.policy.checks import package_errors, part_errors
+from mrl_lightning.policy.prompt_fit import prompt_errors
+from mrl_lightning.run.state import check_run_folder
 
 STRATEGIES = ("auto", "ddp")
 UNIFIED_PRECISION = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}
@@ -61,11 +61,11 @@ def trainer_errors(*, max_steps: int = 1000, log_every_n_steps: int = 10, eval_e
                    checkpoint_every_n_steps: int = 500, num_threads: int | None = None, strategy: str = "auto",
                    placement: str = "auto", collective_timeout_s: float = 1800.0, accelerator: str = "auto",
                    **_: Any) -> list[str]:
-    """Problems of :class:`~mrl_lightning.trainer.MRLTrainer`'s own values (its defaults here too), all at once.
+    """Problems of :class:`~mrl_lightning.loop.trainer.MRLTrainer`'s own values (its defaults here too), all at once.
 
     Needs nothing built: ``mrl fit`` runs it on the parsed ``trainer`` section before it
     instantiates any class of the config (:meth:`MRLCLI.instantiate_classes
-    <mrl_lightning.fit_cli.MRLCLI.instantiate_classes>`). Other keywords are ignored.
+    <mrl_lightning.commands.fit.MRLCLI.instantiate_classes>`). Other keywords are ignored.
     """
     errors = []
     for key, value in (("max_steps", max_steps), ("log_every_n_steps", log_every_n_steps),
@@ -97,7 +97,7 @@ def _read_argv(argv: list[str]) -> list[tuple[str, Any]] | None:
 
     None when the reading is not sure of them: ``--help``, ``--print_config``, a section given
     whole (``--trainer``, ``--model``), a config that is no readable YAML mapping (not UTF-8
-    included: the parser names the file and the byte, :func:`mrl_lightning.config_keys.config_file_problems`).
+    included: the parser names the file and the byte, :func:`mrl_lightning.config.keys.config_file_problems`).
     """
     import yaml
 
@@ -171,7 +171,7 @@ _OVERRIDE = "model.policies.init_args."
 
 
 def quick_policy_errors(argv: list[str]) -> tuple[str, list[str]] | None:
-    """``(name, errors)`` of the first policy with :func:`~mrl_lightning.policy_checks.option_errors`, from values
+    """``(name, errors)`` of the first policy with :func:`~mrl_lightning.policy.checks.option_errors`, from values
     read straight from ``mrl fit``'s arguments; None when none has any.
 
     The ``model.policies`` list of the last ``--config`` file that has one (a later list replaces an earlier one,
@@ -184,8 +184,8 @@ def quick_policy_errors(argv: list[str]) -> tuple[str, list[str]] | None:
     import inspect
     from types import SimpleNamespace
 
-    from mrl_lightning.policy import PolicyModule
-    from mrl_lightning.policy_checks import option_errors
+    from mrl_lightning.policy.module import PolicyModule
+    from mrl_lightning.policy.checks import option_errors
 
     policies = _policy_entries(argv)
     if policies is None:
@@ -236,7 +236,7 @@ def _policy_entries(argv: list[str]) -> list[dict] | None:
 
 
 def quick_package_errors(argv: list[str]) -> list[str]:
-    """Every policy's :func:`~mrl_lightning.policy_checks.package_errors` (the parse stopped at the first)."""
+    """Every policy's :func:`~mrl_lightning.policy.checks.package_errors` (the parse stopped at the first)."""
     return package_errors([(e["init_args"].get("name"), e["init_args"].get("model"))
                            for e in _policy_entries(argv) or []])
 
@@ -250,7 +250,7 @@ def policy_override_notes(argv: list[str]) -> list[str]:
     events = _read_argv(argv)
     if events is None:
         return []
-    from mrl_lightning.config_keys import init_arg_names
+    from mrl_lightning.config.keys import init_arg_names
 
     names, notes, last_class = None, [], None
     for key, value in events:
@@ -374,8 +374,8 @@ def check_before_build(trainer, model, datamodule, ckpt_path: str | None) -> Che
     """Every check of the module docstring, in its order.
 
     Args:
-        trainer: The :class:`~mrl_lightning.trainer.MRLTrainer` (its settings and Fabric).
-        model: The :class:`~mrl_lightning.system.MutualRL` system (not built).
+        trainer: The :class:`~mrl_lightning.loop.trainer.MRLTrainer` (its settings and Fabric).
+        model: The :class:`~mrl_lightning.loop.system.MutualRL` system (not built).
         datamodule: The prompt data module (parts known; not set up).
         ckpt_path: ``--ckpt_path`` or None.
 
@@ -417,7 +417,7 @@ def check_before_build(trainer, model, datamodule, ckpt_path: str | None) -> Che
 
 def source_lines(policies: dict, datamodule) -> str:
     """The plan's "Model sources" block: what each recipe-built policy loads (a GGUF file, its quantization
-    and sha256, its cache folder: :meth:`ModelRecipe.describe <mrl_lightning.model_source.ModelRecipe.describe>`);
+    and sha256, its cache folder: :meth:`ModelRecipe.describe <mrl_lightning.model.source.ModelRecipe.describe>`);
     empty when no recipe has anything to say (the tiny default)."""
     lines = [line for p in policies.values() if isinstance(p.model_source, ModelRecipe)
              and (line := p.model_source.describe(p, datamodule))]
@@ -436,7 +436,7 @@ def eval_prompts(datamodule) -> int:
 
 
 def _expected_models(policies: dict, shapes: dict, datamodule) -> dict[str, dict[str, Any]]:
-    """What each policy's checkpoint entry must look like (:func:`~mrl_lightning.checkpoint.check_compatible`)."""
+    """What each policy's checkpoint entry must look like (:func:`~mrl_lightning.run.checkpoint.check_compatible`)."""
     out = {}
     for name, policy in policies.items():
         shape = shapes.get(name)

@@ -38,10 +38,10 @@ import yaml
 from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.cli import LightningArgumentParser
 
-from mrl_lightning.config_reports import CLASS_KEY as _CLASS_KEY
-from mrl_lightning.config_reports import PARSER_KEY as _PARSER_KEY
-from mrl_lightning.config_reports import TOP_KEY as _TOP_KEY
-from mrl_lightning.config_reports import (config_file_naming, config_file_setting, config_folder_line, config_paths,
+from mrl_lightning.config.reports import CLASS_KEY as _CLASS_KEY
+from mrl_lightning.config.reports import PARSER_KEY as _PARSER_KEY
+from mrl_lightning.config.reports import TOP_KEY as _TOP_KEY
+from mrl_lightning.config.reports import (config_file_naming, config_file_setting, config_folder_line, config_paths,
                                           duplicate_key_lines, error_key, missing_config_line, type_message)
 
 _BARE_KEY = re.compile(r"^Option '([^']+)' is not accepted")
@@ -54,7 +54,7 @@ CLASS_FIELDS = {
     "trainer.callbacks": ("mrl_lightning.callbacks", "mrl_lightning.callbacks.base.MRLCallback"),
     "model.reward_funcs": ("mrl_lightning.rewards", "mrl_lightning.rewards.base.RewardFunction"),
     "model.policies": ("mrl_lightning.policy", "mrl_lightning.policy.PolicyModule"),
-    "model.policies.model": ("mrl_lightning.recipes", "mrl_lightning.model_source.ModelRecipe"),
+    "model.policies.model": ("mrl_lightning.recipes", "mrl_lightning.model.source.ModelRecipe"),
     "data": ("mrl_lightning.data", "mrl_lightning.data.stream.PromptDataModule"),
 }
 """The ``class_path`` fields of a config, by key without list indices and ``init_args``: the
@@ -141,13 +141,14 @@ def _subclasses(base: type) -> list[type]:
 
 def valid_classes(kind: str) -> list[str]:
     """Import paths of the classes valid at a ``class_path`` field (:data:`CLASS_FIELDS`; all of them for another
-    field): the package's public classes of the field's base class, the base itself only where it is the class."""
+    field): the package's public classes of the field's base class, the base itself only where the field names it
+    through the package (``mrl_lightning.policy.PolicyModule``)."""
     out = []
     for package, base_path in [CLASS_FIELDS[kind]] if kind in CLASS_FIELDS else list(CLASS_FIELDS.values()):
         module, base = importlib.import_module(package), _resolve(base_path)[0]
         for name in getattr(module, "__all__", None) or dir(module):
             obj = getattr(module, name, None)
-            if inspect.isclass(obj) and issubclass(obj, base) and (obj is not base or obj.__module__ == package):
+            if inspect.isclass(obj) and issubclass(obj, base) and (obj is not base or base_path == f"{package}.{name}"):
                 out.append(f"{package}.{name}")
     return sorted(set(out))
 
@@ -281,7 +282,7 @@ def config_file_problems(args: list[str]) -> list[str]:
         (:func:`class_path_problem`, with the nearest valid classes), or whose ``init_args`` hold
         a key its class does not take (:func:`unknown_argument_line`: removed, or the nearest valid
         keys), and one per file that does not exist, with the nearest file names of its folder
-        (:func:`~mrl_lightning.config_reports.missing_config_line`).
+        (:func:`~mrl_lightning.config.reports.missing_config_line`).
     """
     problems = []
     for path in config_paths(args):
@@ -334,7 +335,7 @@ def plain_help(text: str) -> str:
 
     ``--help`` shows the ``Args:`` sections of the classes it configures; their cross
     references and literals read as code in the docs but as noise on a terminal:
-    ``:class:`~mrl_lightning.system.MutualRL``` -> ``MutualRL`` (``~``: the last name only),
+    ``:class:`~mrl_lightning.loop.system.MutualRL``` -> ``MutualRL`` (``~``: the last name only),
     ``:func:`a.b``` -> ``a.b``, ````max_steps```` -> ``max_steps``. Any other backquote is
     kept. Applied to each help string before it is wrapped (:class:`PlainHelpFormatter`),
     so a reference is never split over two lines.
@@ -417,7 +418,7 @@ def _error_first(text: str) -> str:
 
 def parsed_file_naming(key: str, index: int, field: str, name: str) -> str | None:
     """The ``--config`` file of this process's last ``mrl fit`` parse that named ``name`` in ``init_args.<field>``
-    of entry ``index`` of the list ``key`` (:func:`~mrl_lightning.config_reports.config_file_naming`), for a check
+    of entry ``index`` of the list ``key`` (:func:`~mrl_lightning.config.reports.config_file_naming`), for a check
     after the parse to name it; None when none did."""
     return config_file_naming(_parsed_args, key, index, field, name)
 

@@ -11,7 +11,7 @@ Counters are separate and named: ``rollout_step`` (rollout phases done),
 ``global_step`` (training steps done; ``max_steps`` bounds it; in each every policy attempts
 ``num_iterations`` optimizer steps), ``optimizer_steps[policy]`` (those attempts, also the ones
 skipped for a non-finite gradient or for want of anything to train on,
-:func:`mrl_lightning.update.empty_update`; AdamW's own step count holds those taken) and
+:func:`mrl_lightning.update.policy_update.empty_update`; AdamW's own step count holds those taken) and
 ``samples_seen`` (completions sampled, all policies, all ranks).
 
 Run folder ``<default_root_dir>/version_<n>/``: ``config.yaml`` (resolved config),
@@ -33,7 +33,7 @@ from lightning.fabric.loggers import TensorBoardLogger
 
 from mrl_lightning.builders import build_on_rank
 from mrl_lightning.callbacks.base import HookContext, MRLCallback, collect_services
-from mrl_lightning.dynamic_sampling import extra_samples, sample_until_full
+from mrl_lightning.loop.dynamic_sampling import extra_samples, sample_until_full
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.lifeline import is_launched_worker
 from mrl_lightning.metrics import Global, Max, window_reduce
@@ -41,13 +41,13 @@ from mrl_lightning.mwra import Workers, devices_present, resolve_devices, stream
 from mrl_lightning.mwra.plan import slow_cpu_bf16_line
 from mrl_lightning.mwra.process import peak_memory_gib, release_free_memory
 from mrl_lightning.objectives.aux_share import term_names
-from mrl_lightning.preflight import check_before_build, make_fabric, trainer_errors
-from mrl_lightning.progress import RunProgress, done_line, interrupted_line
-from mrl_lightning.reporting import eval_summary, evaluate_on_workers, rollout_metrics
-from mrl_lightning.run_checkpoint import (complete_run_line, restore_run_checkpoint, save_run_checkpoint,
+from mrl_lightning.config.preflight import check_before_build, make_fabric, trainer_errors
+from mrl_lightning.loop.progress import RunProgress, done_line, interrupted_line
+from mrl_lightning.loop.reporting import eval_summary, evaluate_on_workers, rollout_metrics
+from mrl_lightning.run.state import (complete_run_line, restore_run_checkpoint, save_run_checkpoint,
                                           write_run_files)
-from mrl_lightning.run_stop import StopContext
-from mrl_lightning.update import mark_for_rescoring, new_train_batch, policy_update, sampling_precision
+from mrl_lightning.run.stop import StopContext
+from mrl_lightning.update.policy_update import mark_for_rescoring, new_train_batch, policy_update, sampling_precision
 
 FULL_PRECISION = ("32-true", "32", "64-true", "64")
 
@@ -69,7 +69,7 @@ class _InContext:
 
 
 class MRLTrainer:
-    """Trainer for :class:`~mrl_lightning.system.MutualRL` (LightningCLI ``--trainer.*``).
+    """Trainer for :class:`~mrl_lightning.loop.system.MutualRL` (LightningCLI ``--trainer.*``).
 
     Args:
         max_steps: Training steps to run (budgets in steps, not time).
@@ -110,7 +110,7 @@ class MRLTrainer:
 
     Raises:
         ConfigError: invalid values (all at once), an accelerator this machine does not have, or a
-            precision Lightning would run as another on it (:mod:`mrl_lightning.preflight`).
+            precision Lightning would run as another on it (:mod:`mrl_lightning.config.preflight`).
     """
 
     def __init__(
@@ -200,7 +200,7 @@ class MRLTrainer:
         """Train until ``max_steps`` (resuming from ``ckpt_path`` if given).
 
         Args:
-            model: The :class:`~mrl_lightning.system.MutualRL` system of policies.
+            model: The :class:`~mrl_lightning.loop.system.MutualRL` system of policies.
             datamodule: The prompt data module.
             ckpt_path: A checkpoint to resume from, e.g. ``<run>/checkpoints/last.ckpt``: training
                 continues from its step up to ``trainer.max_steps``, exactly as an uninterrupted run
@@ -210,14 +210,14 @@ class MRLTrainer:
 
         Raises:
             ConfigError: configuration or resource-plan problems, found before any model is built
-                (:func:`mrl_lightning.preflight.check_before_build`).
+                (:func:`mrl_lightning.config.preflight.check_before_build`).
             CheckpointError: ``ckpt_path`` is missing, unreadable, from another config or beyond ``max_steps``.
             WorkerError: a worker failed, or a collective failed or timed out (names the rank and phase).
             KeyboardInterrupt: Ctrl-C.
 
-        Any exception leaves with ``mrl_stop``, a :class:`~mrl_lightning.run_stop.StopContext`
+        Any exception leaves with ``mrl_stop``, a :class:`~mrl_lightning.run.stop.StopContext`
         of this rank, from which ``mrl`` prints one message on the rank that had the error and
-        stays quiet on the others (:func:`mrl_lightning.run_stop.stop_run`).
+        stays quiet on the others (:func:`mrl_lightning.run.stop.stop_run`).
         """
         try:
             self._fit(model, datamodule, ckpt_path)
@@ -328,10 +328,10 @@ class MRLTrainer:
         """One training step of every policy this rank runs (docs/loop.md); returns this rank's scalars of it.
 
         Rollouts (this rank's shard, per policy; a ``filter_groups`` policy's extra generation
-        batches, :mod:`mrl_lightning.dynamic_sampling`) -> ``on_rollouts_end`` (every batch's
+        batches, :mod:`mrl_lightning.loop.dynamic_sampling`) -> ``on_rollouts_end`` (every batch's
         rollouts) -> per policy: plain GRPO advantages, ``on_compose_batch`` (every group), the
         kept groups only, the group's normalizers and term names, the update
-        (:func:`mrl_lightning.update.policy_update`); docs/architecture.md has the order.
+        (:func:`mrl_lightning.update.policy_update.policy_update`); docs/architecture.md has the order.
         """
         w = self.workers
         start = time.perf_counter()
@@ -427,7 +427,7 @@ class MRLTrainer:
     # ---------------------------------------------------------------- checkpoints
     def save_checkpoint(self, model, datamodule) -> Path:
         """Every policy's state from its owner; rank 0 writes ``step=<k>.ckpt`` and ``last.ckpt`` atomically
-        (:func:`mrl_lightning.run_checkpoint.save_run_checkpoint`)."""
+        (:func:`mrl_lightning.run.state.save_run_checkpoint`)."""
         counters = {"global_step": self.global_step, "rollout_step": self.rollout_step,
                     "samples_seen": self.samples_seen, "optimizer_steps": dict(self.optimizer_steps)}
         with self.workers.phase("checkpoint"):

@@ -4,7 +4,7 @@ Run at construction (:meth:`~mrl_lightning.policy.PolicyModule.config_errors`), 
 any model is built, and for a recipe's tokenizer once the recipe has made it:
 
 - :func:`source_errors`: a ``model`` / ``tokenizer`` folder that does not exist, a hub id
-  that cannot be reached offline (:mod:`mrl_lightning.hub`), a tokenizer that
+  that cannot be reached offline (:mod:`mrl_lightning.model.hub`), a tokenizer that
   :func:`tokenizer_errors` rejects (no EOS, no pad token, a missing chat template);
 - :func:`template_errors`: a ``str.format`` template without its one field;
 - :func:`position_errors`: ``max_prompt_length + max_completion_length`` beyond the positions
@@ -31,9 +31,9 @@ import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
-from mrl_lightning.chat import chat_template_errors
-from mrl_lightning.hub import HubUnreachableError, hub_load_kwargs
-from mrl_lightning.model_source import ModelRecipe, looks_local, tokenizer_files_problem
+from mrl_lightning.model.chat import chat_template_errors
+from mrl_lightning.model.hub import HubUnreachableError, hub_load_kwargs
+from mrl_lightning.model.source import ModelRecipe, looks_local, tokenizer_files_problem
 
 PROBE_QUESTIONS = ("What is 12 + 7?", "Name the capital of France, in one word.")
 
@@ -97,7 +97,7 @@ def option_errors(policy) -> list[str]:
     (:func:`memory_option_errors`), the chat options and the templates. ``policy`` is a
     :class:`~mrl_lightning.policy.PolicyModule` or anything with its attributes: ``mrl fit``
     runs this on the values read from the arguments before the config is parsed
-    (:func:`mrl_lightning.preflight.quick_policy_errors`).
+    (:func:`mrl_lightning.config.preflight.quick_policy_errors`).
 
     Returns:
         Error messages naming the field, the value and the fix (empty when valid).
@@ -184,9 +184,9 @@ def source_errors(policy) -> list[str]:
 def tokenizer_errors(policy, source: str) -> list[str]:
     """Load ``policy``'s tokenizer from ``source`` and check it; on success it is set as ``policy.tokenizer``.
 
-    Checks: it loads (a hub id offline fails at once, :mod:`mrl_lightning.hub`), ``pad_token``
+    Checks: it loads (a hub id offline fails at once, :mod:`mrl_lightning.model.hub`), ``pad_token``
     is in its vocabulary, it has an EOS and a pad token, its chat template when
-    ``chat_template`` (:func:`mrl_lightning.chat.chat_template_errors`), and that two unlike
+    ``chat_template`` (:func:`mrl_lightning.model.chat.chat_template_errors`), and that two unlike
     questions give different prompt ids (:func:`prompt_collision_errors`).
 
     Returns:
@@ -195,7 +195,7 @@ def tokenizer_errors(policy, source: str) -> list[str]:
     from transformers import AutoTokenizer
 
     p = f"policy {policy.policy_name!r}"
-    try:  # a hub id without network fails here at once (mrl_lightning.hub)
+    try:  # a hub id without network fails here at once (mrl_lightning.model.hub)
         hub = hub_load_kwargs(source, "tokenizer" if policy.tokenizer_source else "model", p, "tokenizer_config.json")
     except HubUnreachableError as exc:
         return [str(exc)]

@@ -10,11 +10,11 @@ what is small and shared: every callback's state (merged over ranks by the callb
 counters, every rank's RNG states, the placement, the parts' file names and a fingerprint of
 the config (each policy's family, kind, LoRA alpha and parameter shapes, the data parts) that a resume
 compares with its own config before building anything
-(:func:`~mrl_lightning.checkpoint.check_compatible`); rank 0 gathers it and writes it.
+(:func:`~mrl_lightning.run.checkpoint.check_compatible`); rank 0 gathers it and writes it.
 
 Order, so that a reader never sees a manifest naming parts of two steps, and a kill at any
 moment leaves the previous checkpoint whole: every leader writes its parts atomically
-(:func:`mrl_lightning.checkpoint.atomic_save`) into the new step's own folder; only then
+(:func:`mrl_lightning.run.checkpoint.atomic_save`) into the new step's own folder; only then
 does it send its small state to rank 0 (so rank 0 has it only once every part is on disk);
 rank 0 writes the manifest atomically over ``last.ckpt``, links the step file to it, and
 only then removes the step files beyond ``keep_checkpoints`` and the parts folders no
@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import torch
 
-from mrl_lightning.checkpoint import (FORMAT_VERSION, PART_FORMAT, CheckpointError, atomic_save, atomic_write,
+from mrl_lightning.run.checkpoint import (FORMAT_VERSION, PART_FORMAT, CheckpointError, atomic_save, atomic_write,
                                        load_policy_parts, read_manifest)
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.mwra import rng_state, set_rng_state
@@ -83,7 +83,7 @@ def complete_run_line(ckpt_path: str | None, max_steps: int) -> str | None:
     Returns:
         ``The run is complete: ckpt_path='...' is at step 48, which is trainer.max_steps; nothing
         to train (...)`` when the checkpoint's step is ``max_steps``; None otherwise (a step
-        beyond ``max_steps`` is refused later, by :func:`~mrl_lightning.checkpoint.check_compatible`).
+        beyond ``max_steps`` is refused later, by :func:`~mrl_lightning.run.checkpoint.check_compatible`).
 
     Raises:
         CheckpointError: the manifest is missing or unreadable.
@@ -127,7 +127,7 @@ def save_run_checkpoint(folder: Path, step: int, *, workers, policies: dict, opt
         The step file's path (on every rank).
 
     Raises:
-        OSError: a file could not be written (disk full: :func:`~mrl_lightning.checkpoint.atomic_save`);
+        OSError: a file could not be written (disk full: :func:`~mrl_lightning.run.checkpoint.atomic_save`);
             the previous checkpoint is left whole.
     """
     path = folder / f"step={step}.ckpt"
@@ -230,7 +230,7 @@ def restore_run_checkpoint(state: dict[str, Any], path: str | Path, *, workers, 
     """Load a checkpoint's policies (this rank's), optimizers, callbacks, data position and RNG state.
 
     Args:
-        state: A loaded checkpoint (:func:`mrl_lightning.checkpoint.load_checkpoint`; its manifest suffices).
+        state: A loaded checkpoint (:func:`mrl_lightning.run.checkpoint.load_checkpoint`; its manifest suffices).
         path: The file ``state`` was read from (``--ckpt_path``): its parts are named relative to its folder.
         workers: This rank's :class:`~mrl_lightning.mwra.Workers`.
         policies: Policy name -> policy (built).
@@ -245,7 +245,7 @@ def restore_run_checkpoint(state: dict[str, Any], path: str | Path, *, workers, 
 
     Raises:
         CheckpointError: a part of this rank's policies is missing, unreadable or of another
-            step (:func:`~mrl_lightning.checkpoint.load_policy_parts`), or a policy's weights do
+            step (:func:`~mrl_lightning.run.checkpoint.load_policy_parts`), or a policy's weights do
             not fit the configured model.
 
     Only this rank's policies' parts are read; each is dropped from ``state`` once loaded
@@ -310,7 +310,7 @@ def to_cpu(obj: Any) -> Any:
 def write_run_files(log_dir: str, config_text: str | None, system, datamodule) -> None:
     """The run folder's own files, written by rank 0 at the start of a run (docs/loop.md, "Run folder and logs").
 
-    ``config.yaml`` (the resolved config) is written atomically (:func:`~mrl_lightning.checkpoint.atomic_write`):
+    ``config.yaml`` (the resolved config) is written atomically (:func:`~mrl_lightning.run.checkpoint.atomic_write`):
     on a full disk no file is left, nor the run folder when this made it (docs/reliability.md, row 33b).
     ``model_sources.json`` holds what each policy built from a recipe that records it (a GGUF file, its sha256
     and quantization, the converted folder; docs/real_models.md).

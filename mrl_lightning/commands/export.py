@@ -36,7 +36,7 @@ def export_policy(run: str | Path, policy_name: str, out: str | Path, ckpt_path:
         CheckpointError: the checkpoint is missing, unreadable, or does not fit the policy.
     """
     from mrl_lightning.builders import build_policy
-    from mrl_lightning.checkpoint import CheckpointError, load_checkpoint
+    from mrl_lightning.run.checkpoint import CheckpointError, load_checkpoint
     run, out = Path(run).expanduser(), Path(out).expanduser()
     config = run / "config.yaml"
     if not config.is_file():
@@ -74,7 +74,7 @@ def build_only(config: Path):
 
     import yaml
 
-    from mrl_lightning.fit_cli import MRLCLI
+    from mrl_lightning.commands.fit import MRLCLI
 
     values = yaml.safe_load(Path(config).read_text())
     values.pop("ckpt_path", None)

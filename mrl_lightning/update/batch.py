@@ -15,7 +15,7 @@ from mrl_lightning.data.items import PromptItem
 from mrl_lightning.rollout.base import RolloutBatch, concat_rollouts
 
 if TYPE_CHECKING:
-    from mrl_lightning.policy import PolicyModule
+    from mrl_lightning.policy.module import PolicyModule
 
 
 @dataclass
@@ -84,7 +84,7 @@ def concat_scored(parts: list[ScoredRollouts], pad_id: int) -> ScoredRollouts:
 class AuxiliaryLoss:
     """A loss term a probe adds to a policy's step (SGT's transfer term, PRP's peer term).
 
-    Called once per inner iteration of the update (:mod:`mrl_lightning.update`), after the
+    Called once per inner iteration of the update (:mod:`mrl_lightning.update.policy_update`), after the
     GRPO backward; it runs its own forward over its own rows, and its gradient is kept apart
     so that its share of the update is measured, logged and bounded on every step
     (:mod:`mrl_lightning.objectives.aux_share`).
@@ -116,7 +116,7 @@ class AuxiliaryLoss:
 
     def pass_shape(self) -> tuple[int, int] | None:
         """``(rows, tokens of its longest row)`` of the term's own forward pass, or None when not known in advance
-        (the update picks the attention kernel of short passes by it: :func:`mrl_lightning.update.term_attention`)."""
+        (the update picks the attention kernel of short passes by it: :func:`mrl_lightning.update.policy_update.term_attention`)."""
         return None
 
 

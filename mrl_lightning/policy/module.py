@@ -3,9 +3,9 @@
 Each policy owns its weights, tokenizer, prompt template, optimizer and GRPO settings
 (docs/grpo.md). This room holds the policy's config and its checks, how it renders and
 encodes prompts, and how it scores completions. Building its model (``from_pretrained``
-from a folder or hub id, or a :class:`~mrl_lightning.model_source.ModelRecipe` that writes
+from a folder or hub id, or a :class:`~mrl_lightning.model.source.ModelRecipe` that writes
 such a folder first) is :mod:`mrl_lightning.builders`'s job; one training step of it is
-:mod:`mrl_lightning.update`'s. A frozen reference model exists only when beta > 0.
+:mod:`mrl_lightning.update.policy_update`'s. A frozen reference model exists only when beta > 0.
 
 Shapes: B prompts, G = ``num_generations``, N = B*G, P prompt length, L completion
 length, V vocabulary. Log-probs are float32 nats of the temperature-scaled policy
@@ -19,12 +19,12 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from mrl_lightning.chat import completion_end_id, encode_rendered, render_chat_prompt
+from mrl_lightning.model.chat import completion_end_id, encode_rendered, render_chat_prompt
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.gguf import model_from_string
-from mrl_lightning.logprobs import LOGPROB_CHUNK_ELEMENTS, completion_logprobs
-from mrl_lightning.model_source import ModelRecipe
-from mrl_lightning.policy_checks import note_prompt_lengths, option_errors, position_errors, source_errors
+from mrl_lightning.model.logprobs import LOGPROB_CHUNK_ELEMENTS, completion_logprobs
+from mrl_lightning.model.source import ModelRecipe
+from mrl_lightning.policy.checks import note_prompt_lengths, option_errors, position_errors, source_errors
 
 
 class PolicyModule(pl.LightningModule):
@@ -104,18 +104,18 @@ class PolicyModule(pl.LightningModule):
         disable_dropout: Set every dropout probability to 0 (TRL ``disable_dropout``), so
             that training log-probs match sampling and the ratio is 1 before an update.
         share_prompt_forward: Score each distinct prompt once and share its KV cache
-            across the completions that repeat it (:mod:`mrl_lightning.forward`): the same
+            across the completions that repeat it (:mod:`mrl_lightning.model.forward`): the same
             log-probs up to float rounding at about half the update's cost. False = one
             plain pass over prompt + completion per row.
         logprob_chunk_elements: Above this many logits (rows x L x V) a log-prob call applies the
             output head in chunks of ``logprob_chunk_elements // V`` positions and never holds
-            ``[N, L, V]`` (:mod:`mrl_lightning.logprobs`; default ``LOGPROB_CHUNK_ELEMENTS``, 2^24
+            ``[N, L, V]`` (:mod:`mrl_lightning.model.logprobs`; default ``LOGPROB_CHUNK_ELEMENTS``, 2^24
             = 64 MiB of float32 logits; at or below it, the plain computation). null = always whole
             logits: about 25% less head time in the update, several ``[N, L, V]`` float32 copies
             more memory (docs/speed.md).
         chat_template: Render each prompt through the tokenizer's own chat template (one
             user turn whose content is ``prompt_template`` filled in, the generation prompt
-            added; :mod:`mrl_lightning.chat`) and encode it with exactly one BOS. For
+            added; :mod:`mrl_lightning.model.chat`) and encode it with exactly one BOS. For
             instruction models; False keeps ``prompt_template`` as the whole prompt (base models).
         system_prompt: Content of a system turn before the user turn; needs ``chat_template``.
         rollout_engine: ``"hf"`` (Hugging Face ``generate``) or ``"vllm"``
@@ -289,7 +289,7 @@ class PolicyModule(pl.LightningModule):
 
     @property
     def builds_from_recipe(self) -> bool:
-        """True when the model is built by a :class:`~mrl_lightning.model_source.ModelRecipe`
+        """True when the model is built by a :class:`~mrl_lightning.model.source.ModelRecipe`
         whose vocabulary is known only once its tokenizer is trained (not a converted GGUF file,
         whose config is exact: ``ModelRecipe.config_is_exact``)."""
         return isinstance(self.model_source, ModelRecipe) and not self.model_source.config_is_exact
@@ -323,11 +323,9 @@ class PolicyModule(pl.LightningModule):
 
     @property
     def stop_kwargs(self) -> dict:
-        """What an engine's ``generate`` gets for the ``stop`` strings: ``{}`` without them (the call is as
-        before stop strings existed), else ``{"stop": [...], "include_stop_str_in_output": ...}``."""
-        if not self.stop:
-            return {}
-        return {"stop": list(self.stop), "include_stop_str_in_output": self.include_stop_str_in_output}
+        """An engine's ``generate`` arguments for the ``stop`` strings; ``{}`` without them (no change to the call)."""
+        stops = {"stop": list(self.stop or ()), "include_stop_str_in_output": self.include_stop_str_in_output}
+        return stops if self.stop else {}
 
     @property
     def is_adapter(self) -> bool:
@@ -394,21 +392,26 @@ class PolicyModule(pl.LightningModule):
         """A reference completion (warm-start only)."""
         return self.completion_template.format(answer=item.answer)
 
+    def prompt_ids(self, items: list) -> tuple[list[str], list[list[int]]]:
+        """The rendered prompts of ``items`` (:meth:`render_prompt`) and their token ids (:meth:`encode_prompts`)."""
+        texts = [self.render_prompt(x) for x in items]
+        return texts, self.encode_prompts(texts)
+
     def encode_prompts(self, texts: list[str]) -> list[list[int]]:
         """Token ids of rendered prompts, left-truncated to ``max_prompt_length``.
 
         With ``chat_template`` the text already holds the template's special tokens: it is
-        encoded with exactly one BOS (:func:`mrl_lightning.chat.encode_rendered`, which keeps
+        encoded with exactly one BOS (:func:`mrl_lightning.model.chat.encode_rendered`, which keeps
         the BOS when truncating); otherwise with the tokenizer's own convention.
         """
+        lengths: list[int] = []
         if self.chat_template:
-            lengths: list[int] = []
             ids = encode_rendered(self.tokenizer, texts, self.max_prompt_length, full_lengths=lengths)
-            note_prompt_lengths(self, lengths)  # counted, warned once (mrl_lightning.prompt_checks)
-            return ids
-        ids = self.tokenizer(texts)["input_ids"]
-        note_prompt_lengths(self, [len(x) for x in ids])
-        return [x[-self.max_prompt_length:] for x in ids]
+        else:
+            full = self.tokenizer(texts)["input_ids"]
+            lengths, ids = [len(x) for x in full], [x[-self.max_prompt_length:] for x in full]
+        note_prompt_lengths(self, lengths)  # counted, warned once (policy/checks.py)
+        return ids
 
     # ------------------------------------------------------------------- log-probs
     def completion_logprobs(
@@ -432,7 +435,7 @@ class PolicyModule(pl.LightningModule):
 
         Above ``logprob_chunk_elements`` logits a call applies the output head in chunks of
         positions and never holds ``[N, L, V]`` logits (not for an ``fsdp`` policy); at or below
-        it the computation is the plain one (:mod:`mrl_lightning.logprobs`).
+        it the computation is the plain one (:mod:`mrl_lightning.model.logprobs`).
 
         Returns:
             ``([N, L] float32 nats, [N, L] float32 nats or None)``; on the chunked path 0 at
