@@ -12,7 +12,7 @@ seed by seed (so that the arms of a seed are done together; time them alone on t
 on it. With one seed a run lands in ``<out>/<arm>/run``, with several in
 ``<out>/<arm>/seed<k>``; ``--drop-checkpoints`` deletes a finished run's ``checkpoints/``
 (4.6 GB of this pair; the events stay). A run already finished (its ``done`` marker) is
-not run again, so the command resumes a study that was stopped. Extra ``mrl fit`` arguments
+not run again and one stopped part-way starts over, so the command resumes a study that was stopped. Extra ``mrl fit`` arguments
 go after ``--``. Then reads each run's TensorBoard events and writes ``summary.md`` /
 ``summary.json`` (printed too), per arm, seed and policy (the comparison over seeds with
 intervals is ``benchmarks/real_arms.py``):
@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         done = args.out / arm / version / "done"
         if args.summarize_only or done.exists():
             continue
+        shutil.rmtree(done.parent, ignore_errors=True)  # a run stopped part-way starts over (it is deterministic)
         walls[label] = round(run_arm(arm, args.steps, args.out, extra, seed, version), 1)
         (args.out / "walls.json").write_text(json.dumps(walls))
         if args.drop_checkpoints:
