@@ -56,6 +56,8 @@ from mrl_lightning.rewards.answers import answers_match, parse_final_answer, par
 from mrl_lightning.rewards.base import RewardFunction
 
 EXECUTORS = ("auto", "process")
+REFIRE_S = 0.05
+"""Seconds between a deadline's repeated signals once it has passed (one may be swallowed)."""
 
 
 class CheckTimeout(BaseException):
@@ -72,9 +74,10 @@ def deadline(seconds: float):
 
     Uses ``signal.setitimer(ITIMER_REAL)``; the previous SIGALRM handler and a running
     timer of the caller are restored afterwards (the latter shortened by the time spent).
-    A block whose deadline fired raises even when the handler's exception was swallowed
-    on its way out (it can land in a garbage-collector callback or a ``__del__``, where
-    Python only prints it, and the block then runs on to a result read past its deadline).
+    The timer fires again every :data:`REFIRE_S` seconds until the block has ended, and a
+    block whose deadline fired raises at its end: a handler's exception can land in a
+    garbage-collector callback or a ``__del__``, where Python only prints it and the block
+    runs on (CI saw a 5,000-brace parse run 30 s past its deadline that way).
 
     Args:
         seconds: Deadline, > 0.
@@ -97,7 +100,7 @@ def deadline(seconds: float):
 
     previous = signal.signal(signal.SIGALRM, _raise)
     start = time.monotonic()
-    outer_delay, outer_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+    outer_delay, outer_interval = signal.setitimer(signal.ITIMER_REAL, seconds, REFIRE_S)
     try:
         yield
         if fired:  # the handler's exception was swallowed inside the block

@@ -274,6 +274,17 @@ def test_a_deadline_that_fired_inside_a_finalizer_still_ends_the_block():
     assert reached_the_end == [True]  # the swallowed exception let the block run on
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_deadline_swallowed_once_fires_again_at_once():
+    # the check must end near its deadline, not when the interrupted work would have finished
+    start = time.monotonic()
+    with pytest.raises(CheckTimeout):
+        with deadline(0.1):
+            _SlowFinalizer()  # the first signal is printed and dropped inside __del__
+            time.sleep(5)     # the work that would run on
+    assert time.monotonic() - start < 1.0
+
+
 def test_deadline_refuses_a_thread_other_than_main():
     errors = []
 
