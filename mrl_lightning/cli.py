@@ -33,6 +33,7 @@ USAGE = """usage: mrl {fit,export,thl,bandit} ...
 
 Documentation: docs/README.md
 """
+COMMANDS = ("fit", "export", "thl", "bandit")
 
 
 def __getattr__(name: str):
@@ -66,6 +67,12 @@ def main(argv: list[str] | None = None) -> int:
               "OMP_NUM_THREADS=1, or unset OMP_NUM_THREADS (mrl fit sets torch's threads from trainer.num_threads).",
               file=sys.stderr, flush=True)
         return 2
+    if os.environ.get("MRL_CACHE_DIR") is not None and not os.environ["MRL_CACHE_DIR"].strip():
+        print(f"mrl: configuration error: MRL_CACHE_DIR={os.environ['MRL_CACHE_DIR']!r} is empty: the model cache would "
+              "be made in the current "
+              "folder. Unset it (the cache is then ~/.cache/mrl_lightning) or give a folder: MRL_CACHE_DIR=<folder>.",
+              file=sys.stderr, flush=True)
+        return 2
     if argv and argv[0] == "thl":
         from mrl_lightning.model.hub import hub_load_kwargs
         from mrl_lightning.thl.cli import main as thl_main
@@ -80,6 +87,13 @@ def main(argv: list[str] | None = None) -> int:
         from mrl_lightning.analysis.cli import main as bandit_main
 
         return bandit_main(argv[1:])
+    if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:  # LightningCLI: "(choose from 'fit')"
+        import difflib
+
+        near = difflib.get_close_matches(argv[0], COMMANDS, n=1, cutoff=0.6)
+        print(f"mrl: unknown command {argv[0]!r}" + (f"; did you mean {near[0]!r}?" if near else ".")
+              + f" Commands: {', '.join(COMMANDS)} (mrl <command> --help).", file=sys.stderr, flush=True)
+        return 2
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, end="", file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2

@@ -103,9 +103,12 @@ class MRLCallback:
             a batch (XGRPO, PRP): with two such probes the later one's advantages are used.
         reads_failed_rollouts: The callback reads RolloutRecords of failed completions too (PRP),
             so SEE must publish every rollout, not the successes' only.
+        is_control: The callback is the arm without sharing (``NoSharing``): refused beside a
+            probe that shares (:func:`sharing_errors`).
     """
 
     requires: tuple[str, ...] = ()
+    is_control: bool = False
     provides: tuple[str, ...] = ()
     replaces_advantages: bool = False
     reads_failed_rollouts: bool = False
@@ -171,6 +174,9 @@ def sharing_errors(callbacks: list, policies: list[str],
       plain GRPO without a word. Refused; the control without sharing is ``callbacks/none.yaml``.
     - A per-policy option (:data:`PER_POLICY_FIELDS`) naming a policy that is not in ``model.policies``
       (a snippet tuned for another config's policies, a typo).
+    - The control (:attr:`MRLCallback.is_control`: ``NoSharing``) beside a probe that shares, or one
+      callback class listed twice (``--trainer.callbacks+`` of a probe already in the config): a run
+      is one arm, and it ran as both without a word.
 
     Args:
         callbacks: ``trainer.callbacks``, in list order.
@@ -182,6 +188,16 @@ def sharing_errors(callbacks: list, policies: list[str],
         One message per problem, naming the field, the value and the fix.
     """
     errors = []
+    names = [type(cb).__name__ for cb in callbacks]
+    sharing = [n for n, cb in zip(names, callbacks) if "exchange" in getattr(cb, "requires", ())]
+    controls = [n for n, cb in zip(names, callbacks) if getattr(cb, "is_control", False)]
+    if controls and sharing:
+        errors.append(f"trainer.callbacks has the control {controls[0]} (no sharing) and {', '.join(sharing)}, which "
+                      f"shares: a run is one arm. Keep one: callbacks/none.yaml for the control, or the probe's file "
+                      f"alone (remove {controls[0]} from trainer.callbacks).")
+    for twice in sorted({n for n in names if names.count(n) > 1}):
+        errors.append(f"trainer.callbacks lists {twice} {names.count(twice)} times: each would act on every step. "
+                      f"List it once (a --trainer.callbacks+ of a callback the config already has adds a second).")
     for index, cb in enumerate(callbacks):
         name = type(cb).__name__
         if "exchange" in getattr(cb, "requires", ()) and len(policies) < 2:

@@ -38,6 +38,8 @@ class NoSharing(MRLCallback):
         ConfigError: ``kappa`` outside [0, 1] or a negative ``max_staleness``.
     """
 
+    is_control = True
+
     def __init__(self, kappa: float = 0.0, max_staleness: int | None = None) -> None:
         errors = []
         if not 0.0 <= kappa <= 1.0:

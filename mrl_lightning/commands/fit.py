@@ -16,7 +16,7 @@ import sys
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from mrl_lightning.config.keys import MRLArgumentParser
-from mrl_lightning.config.reports import model_file_lines, with_config_file
+from mrl_lightning.config.reports import model_file_lines, replaced_setting_notes, with_config_file
 from mrl_lightning.data.stream import PromptDataModule
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.lifeline import is_launched_worker
@@ -79,6 +79,9 @@ class MRLCLI(LightningCLI):
         if args is None or isinstance(args, list):
             keys = set(inspect.signature(MRLTrainer.__init__).parameters) - {"self"}
             argv = list(sys.argv[1:] if args is None else args)
+            if not is_launched_worker():  # the launcher says it once; before any error, which it may explain
+                for note in replaced_setting_notes(argv) + policy_override_notes(argv):
+                    print(note, file=sys.stderr, flush=True)
             files = model_file_lines(argv)  # before jsonargparse reads such a file's contents as the value
             if files:
                 raise ConfigError("Invalid policy config:\n  - " + "\n  - ".join(files))
@@ -91,9 +94,6 @@ class MRLCLI(LightningCLI):
             missing = quick_package_errors(argv)  # every policy's, where building them stops at the first
             if missing:
                 raise ConfigError("Missing packages of the policies' models:\n  - " + "\n  - ".join(missing))
-            if not is_launched_worker():  # the launcher says it once
-                for note in policy_override_notes(argv):
-                    print(note, file=sys.stderr, flush=True)
         super().parse_arguments(parser, args)
 
     def instantiate_classes(self) -> None:
@@ -109,6 +109,19 @@ class MRLCLI(LightningCLI):
         if errors:
             raise ConfigError("Invalid trainer config:\n  - " + "\n  - ".join(errors))
         super().instantiate_classes()
+
+    def _set_seed(self) -> None:
+        """Seed as LightningCLI does, once ``seed_everything`` is known to be one of numpy's seeds.
+
+        Raises:
+            ConfigError: ``seed_everything`` is no integer in [0, 2**32 - 1] and not a bool (Lightning's
+                ``seed_everything`` raised numpy's ValueError here, status 1).
+        """
+        seed = self._get(self.config, "seed_everything")
+        if seed is not None and not isinstance(seed, bool) and not (isinstance(seed, int) and 0 <= seed < 2**32):
+            raise ConfigError(f"Invalid config:\n  - seed_everything={seed!r} must be an integer in [0, 4294967295] (numpy's "
+                              "seeds), or true for a random seed; e.g. --seed_everything 0.")
+        super()._set_seed()
 
     def _parse_ckpt_path(self) -> None:
         """Skip LightningCLI's hyper-parameter read of ``--ckpt_path``.

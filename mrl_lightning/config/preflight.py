@@ -1,8 +1,7 @@
 """Config time: what a run checks before it builds or warm-starts any model (docs/reliability.md).
 
-:func:`check_before_build` runs first in :meth:`MRLTrainer.fit <mrl_lightning.loop.trainer.MRLTrainer.fit>`,
-on every rank, before the workers are launched. Each problem is a
-:class:`~mrl_lightning.errors.ConfigError` (or a
+:func:`check_before_build` runs first in :meth:`MRLTrainer.fit <mrl_lightning.loop.trainer.MRLTrainer.fit>`, on
+every rank, before the workers are launched. Each problem is a :class:`~mrl_lightning.errors.ConfigError` (or a
 :class:`~mrl_lightning.run.checkpoint.CheckpointError`) naming the field, the value and the fix,
 so ``mrl fit`` stops with status 2 within seconds instead of minutes into a warm-start or
 after every rank has built its models:
@@ -10,9 +9,8 @@ after every rank has built its models:
 1. the placement of policies on ranks (:func:`~mrl_lightning.mwra.build_placement`);
 2. the services callbacks need, probes sharing with nobody or naming no policy (:func:`sharing_errors`), then
    each callback's own checks;
-3. ``strong_parts`` among the data parts (:func:`part_errors`), each recipe's checks against the data
-   (``warm_start_part`` among the data parts, a cache
-   it can write when its model is not built yet: :meth:`ModelRecipe.config_errors
+3. ``strong_parts`` among the data parts (:func:`part_errors`), each recipe's checks against the data (``warm_start_part``
+   among the data parts, a cache it can write when its model is not built yet: :meth:`ModelRecipe.config_errors
    <mrl_lightning.model.source.ModelRecipe.config_errors>`) and each policy's model config
    counted on the meta device (LoRA target modules);
 4. ``--ckpt_path``: readable, of this code's format, and of this config: policy names,
@@ -24,9 +22,8 @@ after every rank has built its models:
 
 Earlier still, when the trainer is made: its own values (:func:`trainer_errors`, which
 ``mrl fit`` also runs before it builds any class of the config, so a bad ``--trainer.*``
-value is reported without importing the data's libraries) and its Fabric
-(:func:`make_fabric`: an accelerator this machine does not have, a precision Lightning
-would silently run as another).
+value is reported without importing the data's libraries) and its Fabric (:func:`make_fabric`: an
+accelerator this machine does not have, a precision Lightning would silently run as another).
 """
 
 from __future__ import annotations
@@ -60,7 +57,7 @@ def trainer_errors(*, max_steps: int = 1000, log_every_n_steps: int = 10, eval_e
                    keep_checkpoints: int = 2, devices: int = 1, num_nodes: int = 1, eval_num_generations: int = 8,
                    checkpoint_every_n_steps: int = 500, num_threads: int | None = None, strategy: str = "auto",
                    placement: str = "auto", collective_timeout_s: float = 1800.0, accelerator: str = "auto",
-                   **_: Any) -> list[str]:
+                   version: int | str | None = None, **_: Any) -> list[str]:
     """Problems of :class:`~mrl_lightning.loop.trainer.MRLTrainer`'s own values (its defaults here too), all at once.
 
     Needs nothing built: ``mrl fit`` runs it on the parsed ``trainer`` section before it
@@ -87,6 +84,9 @@ def trainer_errors(*, max_steps: int = 1000, log_every_n_steps: int = 10, eval_e
         errors.append(f"trainer.placement={placement!r}; valid: {list(PLACEMENTS)}.")
     if not collective_timeout_s > 0:
         errors.append(f"trainer.collective_timeout_s={collective_timeout_s} must be > 0 seconds.")
+    if isinstance(version, str) and (version.strip() in ("", ".", "..") or "/" in version or "\\" in version):
+        errors.append(f"trainer.version={version!r} must be a plain folder name (no '/', not '.' or '..'): the run "
+                      "folder is <default_root_dir>/<version>; e.g. --trainer.version seed0 (unset: version_<n>).")
     errors.extend(accelerator_errors(accelerator))
     return errors
 

@@ -291,3 +291,64 @@ def model_file_lines(args: list[str]) -> list[str]:
                          f"mrl_lightning.recipes.TinyCausalLM). Give the folder that holds the model, e.g. "
                          f"{str(file.parent)!r} if it is the one.")
     return lines
+
+
+def _class_names(callbacks) -> str:
+    names = [str(c.get("class_path", "?")).rsplit(".", 1)[-1] if isinstance(c, dict) else str(c).rsplit(".", 1)[-1]
+             for c in (callbacks if isinstance(callbacks, list) else [callbacks])]
+    return ", ".join(names)
+
+
+def _probe_file(content) -> bool:
+    """Whether a config file sets ``trainer.callbacks`` and nothing else (a probe's file, callbacks/*.yaml)."""
+    return (isinstance(content, dict) and set(content) == {"trainer"} and isinstance(content["trainer"], dict)
+            and set(content["trainer"]) == {"callbacks"})
+
+
+def replaced_setting_notes(args: list[str]) -> list[str]:
+    """A note for each setting a later ``--config`` file replaces without a word (jsonargparse: later wins).
+
+    - ``--trainer.max_steps 2 --config configs/default.yaml``: the file's ``max_steps`` (2500) is the one
+      that runs; the override given before it is lost.
+    - ``--config callbacks/none.yaml --config configs/default.yaml``: the second file's
+      ``trainer.callbacks`` (its probe) replace those of the probe's file (a file that sets
+      ``trainer.callbacks`` only), so the run is another arm than the file named for it. A probe's
+      file given after a config (the README's order) is what it is for, and gets no note.
+
+    Args:
+        args: ``mrl fit``'s arguments (``fit`` first, or not).
+
+    Returns:
+        One line per replaced setting, naming the option or file, the file that replaced it, and
+        the order that keeps it; [] when nothing is replaced (or a file does not read as YAML).
+    """
+    files = dict(_config_files(args))
+    notes, overrides, callbacks_from = [], [], None
+    i = 0
+    while i < len(args):
+        name, eq, inline = args[i].partition("=")
+        value = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
+        step = 1 if eq else 2
+        if name in ("--config", "-c") and value is not None:
+            content = files.get(value)
+            for key, given in overrides:
+                found = _values(content, key.split(".")) if isinstance(content, dict) else []
+                if found:
+                    notes.append(f"note: --{key} {given} is replaced by {value}'s {key}: {found[0]!r} (a --config "
+                                 f"given after an option wins); put --{key} after the --config files to keep it.")
+            overrides = [(k, g) for k, g in overrides if not (isinstance(content, dict) and _values(content, k.split(".")))]
+            sets = isinstance(content, dict) and bool(_values(content, ["trainer", "callbacks"]))
+            if sets and callbacks_from is not None and not _probe_file(content):
+                first, cbs = callbacks_from
+                notes.append(f"note: the trainer.callbacks of {first} ({_class_names(cbs)}) are replaced by "
+                             f"{value}'s ({_class_names(_values(content, ['trainer', 'callbacks'])[0])}): a later "
+                             f"--config wins. To run {first}'s, give it last: --config {value} --config {first}.")
+            if sets:  # a probe file (callbacks/*.yaml) is what a later config replaces by mistake
+                callbacks_from = (value, _values(content, ["trainer", "callbacks"])[0]) if _probe_file(content) else None
+        elif name.startswith("--") and not name.endswith("+") and name not in ("--config", "-c") and value is not None \
+                and (eq or not value.startswith("-")):
+            overrides.append((name[2:], value))
+        else:
+            step = 1
+        i += step
+    return notes

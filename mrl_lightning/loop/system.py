@@ -40,8 +40,8 @@ class MutualRL(pl.LightningModule):
             None = the first strict one.
 
     Raises:
-        ValueError: no policies, duplicate names, weights of the wrong length, or no
-            strict verifier (all reported at once).
+        ConfigError: no policies, duplicate names, weights of the wrong length, a
+            ``success_threshold`` outside (0, 1], or no strict verifier (all reported at once).
     """
 
     def __init__(
@@ -66,6 +66,10 @@ class MutualRL(pl.LightningModule):
         strict = [f for f in reward_funcs if f.strict]
         if success_verifier is not None:
             strict = [f for f in strict if f.name == success_verifier]
+        if not 0.0 < success_threshold <= 1.0:  # NaN fails too
+            errors.append(f"model.success_threshold={success_threshold} must be in (0, 1]: rewards are in [0, 1] "
+                          "(a strict verifier's 1.0 is an exactly right answer), so above 1 no completion is ever a "
+                          "success and at 0 every one is; e.g. --model.success_threshold 1.0.")
         if not strict:
             errors.append(f"model: no strict reward function named {success_verifier!r} to decide success; "
                           f"strict ones: {[f.name for f in reward_funcs if f.strict]}.")

@@ -195,6 +195,7 @@ def validate_resources(
     batch_size: int,
     framework_gib: float,
     device_memory_gib: float | None,
+    threads_from: str = "trainer.num_threads",
 ) -> None:
     """Stop a plan that cannot run, before any model is built.
 
@@ -206,7 +207,10 @@ def validate_resources(
         available_devices: Accelerators visible on this node (None = not countable, e.g. CPU).
         cores: CPU cores this process may use.
         threads: CPU threads per worker.
-        threads_given: Whether ``trainer.num_threads`` was set (else it was derived).
+        threads_given: Whether the threads were asked for (``trainer.num_threads``, or
+            ``OMP_NUM_THREADS`` for CPU workers; else they were derived from the cores).
+        threads_from: What asked for them, named in the error: ``"trainer.num_threads"`` or
+            ``"OMP_NUM_THREADS"``.
         batch_size: B prompts per step.
         framework_gib: Measured footprint of one process (CPU), GiB.
         device_memory_gib: Memory of one accelerator (CPU: the node's RAM), GiB; None = unknown.
@@ -224,10 +228,13 @@ def validate_resources(
         errors.append(f"trainer.devices={devices_per_node} but this node has {available_devices} {device} "
                       f"device(s); lower --trainer.devices to {available_devices} (and trainer.policy_ranks with it).")
     if threads_given and threads * devices_per_node > cores:
-        errors.append(f"trainer.num_threads={threads} x {devices_per_node} worker(s) per node = "
+        fit = max(1, cores // devices_per_node)
+        fix = (f"Set --trainer.num_threads {fit} (or leave it unset to split the cores)."
+               if threads_from == "trainer.num_threads" else
+               f"Set OMP_NUM_THREADS={fit}, or unset it (the cores are then split), or give --trainer.num_threads {fit}.")
+        errors.append(f"{threads_from}={threads} x {devices_per_node} worker(s) per node = "
                       f"{threads * devices_per_node} threads on {cores} CPU core(s): workers would slow each other "
-                      f"down many times over. Set --trainer.num_threads {max(1, cores // devices_per_node)} "
-                      "(or leave it unset to split the cores).")
+                      f"down many times over. {fix}")
     for r in rows:
         if len(r.ranks) > batch_size:
             errors.append(f"policy {r.policy!r} has {len(r.ranks)} ranks but data.batch_size={batch_size}: each rank "
@@ -324,7 +331,9 @@ def plan_resources(placement: Placement, shapes: dict[str, ModelShape | None], p
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB if device == "cpu" else None
     validate_resources(rows, placement, device=device, devices_per_node=devices_per_node,
                        available_devices=available, cores=cores, threads=threads,
-                       threads_given=num_threads is not None, batch_size=batch_size,
+                       threads_given=num_threads is not None or (device == "cpu" and omp_threads() is not None),
+                       threads_from="trainer.num_threads" if num_threads is not None else "OMP_NUM_THREADS",
+                       batch_size=batch_size,
                        framework_gib=framework + kernels, device_memory_gib=memory)
     return format_plan(rows, placement, framework, kernels), threads
 

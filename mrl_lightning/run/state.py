@@ -86,8 +86,12 @@ def complete_run_line(ckpt_path: str | None, max_steps: int) -> str | None:
         beyond ``max_steps`` is refused later, by :func:`~mrl_lightning.run.checkpoint.check_compatible`).
 
     Raises:
-        CheckpointError: the manifest is missing or unreadable.
+        CheckpointError: ``ckpt_path`` is empty (``--ckpt_path ''``, what an unset ``$CKPT`` gives:
+            it would start a new run silently), or the manifest is missing or unreadable.
     """
+    if ckpt_path is not None and not str(ckpt_path).strip():
+        raise CheckpointError(f"ckpt_path={ckpt_path!r} is empty: give a checkpoint to resume from "
+                              "(--ckpt_path <run>/checkpoints/last.ckpt), or leave --ckpt_path out to start a new run.")
     if not ckpt_path:
         return None
     step = int(read_manifest(ckpt_path)["counters"]["global_step"])

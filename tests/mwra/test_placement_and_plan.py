@@ -222,3 +222,31 @@ def test_a_recipe_policy_says_its_sizes_are_bounds_and_a_folder_policy_does_not(
     assert PolicyModule(name="a", model=TinyCausalLM(family="gpt2")).builds_from_recipe
     # a folder source (building a real PolicyModule on one needs a saved model and tokenizer)
     assert not PolicyModule.builds_from_recipe.fget(SimpleNamespace(model_source=str(tmp_path)))
+
+
+def test_omp_num_threads_times_workers_above_the_cores_is_refused_naming_the_variable(monkeypatch):
+    """``OMP_NUM_THREADS=8`` with two workers on two cores is 16 threads: refused as ``trainer.num_threads 8``
+    is, naming the variable (it was taken silently into the plan before)."""
+    from mrl_lightning.mwra import plan
+
+    placement = build_placement("disjoint", None, ["a", "b"], 2)
+    shape = ModelShape("llama", params=1_000, vocab=100, hidden=8, layers=1, heads=1)
+
+    class P:
+        num_generations, micro_batch_size, max_prompt_length, max_completion_length, beta = 2, None, 4, 4, 0.0
+
+    monkeypatch.setattr(plan, "process_rss_bytes", lambda: 0.5 * plan.GIB)
+    monkeypatch.setattr(plan.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+
+    def run(num_threads):
+        return plan.plan_resources(placement, {"a": shape, "b": shape}, {"a": P(), "b": P()}, 2, "cpu",
+                                   "DDPStrategy", "32-true", 2, num_threads)
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    with pytest.raises(ConfigError) as info:
+        run(None)
+    assert "OMP_NUM_THREADS=8 x 2 worker(s) per node = 16 threads on 2 CPU core(s)" in str(info.value)
+    assert "OMP_NUM_THREADS=1" in str(info.value)
+    assert run(1)[1] == 1  # trainer.num_threads given wins over the variable
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert run(None)[1] == 1

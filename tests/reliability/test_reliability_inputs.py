@@ -221,3 +221,32 @@ def test_a_trainer_value_of_the_wrong_kind_in_a_config_file_names_the_file(write
     assert f"config file {str(bad)!r}: trainer.max_steps='two' must be an integer >= 1" in err
     err = _refused(capsys, "--config", str(write_tiny_config()), "--trainer.max_steps", "0")  # the command line's
     assert "- trainer.max_steps=0 must be an integer >= 1" in err and "config file" not in err
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_mrl_cache_dir_is_one_line_before_torch(value):
+    """``MRL_CACHE_DIR=`` made the model cache in the current folder (models/<hash>/ inside the repository)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MRL_CACHE_DIR": value}
+    done = subprocess.run([sys.executable, "-c", "import sys; from mrl_lightning.cli import main; "
+                           "sys.exit(main(['fit', '--config', 'configs/default.yaml'])) if 'torch' not in "
+                           "sys.modules else sys.exit(9)"], env=env, capture_output=True, text=True, cwd=REPO,
+                          timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (f"mrl: configuration error: MRL_CACHE_DIR={value!r} is empty: the model cache would be made "
+                           "in the current folder. Unset it (the cache is then ~/.cache/mrl_lightning) or give a folder: "
+                           "MRL_CACHE_DIR=<folder>.\n")
+
+
+@pytest.mark.parametrize("command, near", [("exprt", "export"), ("fitt", "fit"), ("zzz", None)])
+def test_an_unknown_command_names_the_nearest_and_every_command(command, near, capsys):
+    """``mrl exprt`` got LightningCLI's "(choose from 'fit')", which hides export, thl and bandit."""
+    from mrl_lightning.cli import main
+
+    assert main([command, "--run", "x"]) == 2
+    err = capsys.readouterr().err
+    hint = f"; did you mean {near!r}?" if near else "."
+    assert err == f"mrl: unknown command {command!r}{hint} Commands: fit, export, thl, bandit (mrl <command> --help).\n"

@@ -418,8 +418,10 @@ def test_a_bad_policy_value_is_refused_before_the_config_is_parsed(write_tiny_co
 
     monkeypatch.setattr(MRLArgumentParser, "parse_args", no_parse)
     err = _refused(capsys, "--config", str(write_tiny_config()), "--model.policies.init_args.learning_rate", "-1")
-    assert err.startswith("mrl: configuration error:\nInvalid config for policy ")
-    assert err.endswith("learning_rate=-1.0 must be > 0.\n")
+    note, error = err.split("\n", 1)  # the notes come first: this one says which policy the override reached
+    assert note.startswith("note: --model.policies.init_args.learning_rate applies to the last policy of the list")
+    assert error.startswith("mrl: configuration error:\nInvalid config for policy ")
+    assert error.endswith("learning_rate=-1.0 must be > 0.\n")
 
 
 def test_export_to_a_folder_that_cannot_be_written_is_one_line_with_status_two(tmp_path, capsys):
@@ -451,6 +453,31 @@ def test_an_override_of_a_policy_value_says_it_reaches_the_last_policy_only(tmp_
     assert policy_override_notes(["fit", "--config", one, "--model.policies.init_args.learning_rate", "0.005"]) == []
     assert policy_override_notes(["fit", "--config", two]) == []
 
+
+
+def test_a_setting_a_later_config_replaces_gets_a_note_naming_the_order_that_keeps_it():
+    """``--trainer.max_steps 2 --config configs/default.yaml`` ran the default's 2500 steps, and ``--config
+    callbacks/none.yaml --config configs/default.yaml`` ran SGT, not the control, without a word."""
+    from mrl_lightning.config.reports import replaced_setting_notes
+
+    default, none = str(REPO / "configs" / "default.yaml"), str(REPO / "callbacks" / "none.yaml")
+    assert replaced_setting_notes(["fit", "--trainer.max_steps", "2", "--config", default]) == [
+        f"note: --trainer.max_steps 2 is replaced by {default}'s trainer.max_steps: 2500 (a --config given after an "
+        "option wins); put --trainer.max_steps after the --config files to keep it."]
+    assert replaced_setting_notes(["fit", "--config", none, "--config", default]) == [
+        f"note: the trainer.callbacks of {none} (SharedExperienceExchange, NoSharing) are replaced by {default}'s "
+        f"(SharedExperienceExchange, SuccessGatedTransfer): a later --config wins. To run {none}'s, give it last: "
+        f"--config {default} --config {none}."]
+    # the README's orders: options after the files, the probe's file after the config
+    assert replaced_setting_notes(["fit", "--config", default, "--config", none, "--trainer.max_steps", "2"]) == []
+    assert replaced_setting_notes(["fit", "--config", default, "--trainer.max_steps=2"]) == []
+
+
+def test_the_note_of_a_replaced_setting_is_printed_before_the_run(write_tiny_config, no_model_build, capsys):
+    config = str(write_tiny_config())
+    err = _refused(capsys, "--trainer.max_steps", "7", "--config", config, "--trainer.version", "../x")
+    assert f"note: --trainer.max_steps 7 is replaced by {config}'s trainer.max_steps: 2" in err
+    assert "trainer.version='../x' must be a plain folder name" in err  # the run stops here, after the note
 
 
 def test_bf16_on_a_cpu_without_bf16_matrix_instructions_is_named_with_the_fix(monkeypatch):
@@ -492,3 +519,41 @@ def test_the_trainer_says_the_bf16_warning_once_and_never_in_a_launched_worker(m
     assert said() == 1
     monkeypatch.setattr(trainer_module, "is_launched_worker", lambda: True)
     assert said() == 0
+
+
+@pytest.mark.parametrize("version", ["../../escaped", "a/b", "..", " "])
+def test_a_run_version_that_is_no_plain_folder_name_is_refused(write_tiny_config, no_model_build, capsys, version):
+    """``--trainer.version ../../escaped`` wrote the run outside ``default_root_dir``, silently."""
+    err = _refused(capsys, "--config", str(write_tiny_config()), "--trainer.version", version)
+    assert (f"trainer.version={version!r} must be a plain folder name (no '/', not '.' or '..'): the run folder is "
+            "<default_root_dir>/<version>; e.g. --trainer.version seed0 (unset: version_<n>).") in err
+
+
+@pytest.mark.parametrize("seed", ["-5", "4294967296"])
+def test_a_seed_outside_numpys_seeds_is_refused_before_any_build(write_tiny_config, no_model_build, capsys, seed):
+    """``--seed_everything -5`` failed in the launched workers with numpy's ValueError, status 1."""
+    err = _refused(capsys, "--config", str(write_tiny_config()), "--seed_everything", seed)
+    assert (f"seed_everything={seed} must be an integer in [0, 4294967295] (numpy's seeds), or true for a random "
+            "seed; e.g. --seed_everything 0.") in err
+
+
+def test_the_control_beside_a_sharing_probe_is_refused_naming_both(write_tiny_config, no_model_build, capsys):
+    """``--trainer.callbacks+ mrl_lightning.callbacks.NoSharing`` on a config with SGT ran both arms at once."""
+    err = _refused(capsys, "--config", str(write_tiny_config()), "--trainer.callbacks+",
+                   "mrl_lightning.callbacks.NoSharing")
+    assert ("trainer.callbacks has the control NoSharing (no sharing) and SuccessGatedTransfer, which shares: a run "
+            "is one arm. Keep one: callbacks/none.yaml for the control, or the probe's file alone (remove NoSharing "
+            "from trainer.callbacks).") in err
+
+
+def test_a_callback_listed_twice_is_refused(write_tiny_config, no_model_build, capsys):
+    err = _refused(capsys, "--config", str(write_tiny_config()), "--trainer.callbacks+",
+                   "mrl_lightning.callbacks.SuccessGatedTransfer")
+    assert "trainer.callbacks lists SuccessGatedTransfer 2 times: each would act on every step." in err
+
+
+@pytest.mark.parametrize("value", ["2", "0"])
+def test_a_success_threshold_no_reward_can_meet_is_refused(write_tiny_config, no_model_build, capsys, value):
+    """``--model.success_threshold 2``: no completion was ever a success (evaluation 0.00, SGT shared nothing), silently."""
+    err = _refused(capsys, "--config", str(write_tiny_config()), "--model.success_threshold", value)
+    assert f"model.success_threshold={float(value)} must be in (0, 1]: rewards are in [0, 1]" in err

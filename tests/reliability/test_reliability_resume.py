@@ -155,6 +155,18 @@ def test_a_finished_runs_command_run_again_says_the_run_is_complete_and_builds_n
     assert sorted(p.name for p in root.iterdir()) == before  # no version_<n> folder, nothing written
 
 
+@pytest.mark.parametrize("value", ["", " "])
+def test_an_empty_ckpt_path_is_refused_not_read_as_a_new_run(runs, monkeypatch, capsys, value):
+    """``--ckpt_path "$CKPT"`` with ``CKPT`` unset started a new run from step 0, silently."""
+    forbid_model_build(monkeypatch)
+    capsys.readouterr()
+    code, run_dir = runs(f"empty_ckpt{len(value)}", None, "--ckpt_path", value)
+    err = capsys.readouterr().err
+    assert code == 2 and not run_dir.exists()
+    assert (f"ckpt_path={value!r} is empty: give a checkpoint to resume from (--ckpt_path "
+            "<run>/checkpoints/last.ckpt), or leave --ckpt_path out to start a new run.") in err
+
+
 def test_a_checkpoint_beyond_max_steps_is_refused_naming_both_steps(runs, monkeypatch, capsys):
     code, first = runs("beyond_a", lambda cfg: cfg["trainer"].update(max_steps=2))
     assert code == 0
