@@ -323,7 +323,7 @@ def replaced_setting_notes(args: list[str]) -> list[str]:
         the order that keeps it; [] when nothing is replaced (or a file does not read as YAML).
     """
     files = dict(_config_files(args))
-    notes, overrides, callbacks_from = [], [], None
+    notes, overrides, callbacks_from, replaced = [], [], None, []
     i = 0
     while i < len(args):
         name, eq, inline = args[i].partition("=")
@@ -334,8 +334,9 @@ def replaced_setting_notes(args: list[str]) -> list[str]:
             for key, given in overrides:
                 found = _values(content, key.split(".")) if isinstance(content, dict) else []
                 if found:
-                    notes.append(f"note: --{key} {given} is replaced by {value}'s {key}: {found[0]!r} (a --config "
-                                 f"given after an option wins); put --{key} after the --config files to keep it.")
+                    replaced.append((key, f"note: --{key} {given} is replaced by {value}'s {key}: {found[0]!r} (a "
+                                          f"--config given after an option wins); put --{key} after the --config "
+                                          "files to keep it."))
             overrides = [(k, g) for k, g in overrides if not (isinstance(content, dict) and _values(content, k.split(".")))]
             sets = isinstance(content, dict) and bool(_values(content, ["trainer", "callbacks"]))
             if sets and callbacks_from is not None and not _probe_file(content):
@@ -348,7 +349,8 @@ def replaced_setting_notes(args: list[str]) -> list[str]:
         elif name.startswith("--") and not name.endswith("+") and name not in ("--config", "-c") and value is not None \
                 and (eq or not value.startswith("-")):
             overrides.append((name[2:], value))
+            replaced = [(k, line) for k, line in replaced if k != name[2:]]  # given again after the file: it holds
         else:
             step = 1
         i += step
-    return notes
+    return [line for _, line in replaced] + notes

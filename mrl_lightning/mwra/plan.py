@@ -250,10 +250,16 @@ def validate_resources(
             where = f"one {device} device's {device_memory_gib:.1f} GiB"
         if need > device_memory_gib:
             big = max((r for r in rows if r.memory_gib is not None), key=lambda r: r.memory_gib, default=None)
-            who = (f"; policy {big.policy!r} takes {big.memory_gib:.1f} GiB of it at its peak ({big.peak}), driven by "
-                   f"{big.settings}: lower max_completion_length, num_generations or data.batch_size, or set "
-                   f"micro_batch_size, for model.policies '{big.policy}'," if big is not None and big.settings
-                   else "; lower max_completion_length, num_generations or data.batch_size, set micro_batch_size,")
+            if big is not None and big.peak == "evaluation":  # one part's held-out prompts x samples at once
+                who = (f"; policy {big.policy!r} takes {big.memory_gib:.1f} GiB of it at its peak (evaluation: one "
+                       f"part's held-out prompts, data.eval_size, times trainer.eval_num_generations, sampled at "
+                       f"once, with max_completion_length): lower data.eval_size or trainer.eval_num_generations "
+                       f"(0 = greedy only),")
+            else:
+                who = (f"; policy {big.policy!r} takes {big.memory_gib:.1f} GiB of it at its peak ({big.peak}), driven "
+                       f"by {big.settings}: lower max_completion_length, num_generations or data.batch_size, or set "
+                       f"micro_batch_size, for model.policies '{big.policy}'," if big is not None and big.settings
+                       else "; lower max_completion_length, num_generations or data.batch_size, set micro_batch_size,")
             errors.append(f"the plan needs an estimated {need:.1f} GiB but {where}{who} or use more devices "
                           "(--trainer.devices, trainer.policy_ranks), lower precision, or smaller models.")
     if errors:

@@ -133,6 +133,30 @@ def test_memory_over_the_device_names_the_policy_and_the_settings_that_drive_the
             "micro_batch_size, for model.policies 'llama', or use more devices") in line
 
 
+def test_memory_over_the_device_at_evaluation_names_the_evaluation_settings():
+    """``data.eval_size 100000``: the peak was evaluation's, but the line named the training settings, whose fixes
+    did not help."""
+    from types import SimpleNamespace
+
+    from mrl_lightning.mwra.plan import build_plan
+
+    shape = ModelShape("llama", params=135_000_000, vocab=49_152, hidden=576, layers=30, heads=9)
+    policies = {name: SimpleNamespace(num_generations=4, micro_batch_size=None, max_prompt_length=64, beta=0.0,
+                                      max_completion_length=32, use_peft=False, gradient_checkpointing=False)
+                for name in NAMES}
+    placement = build_placement("disjoint", None, NAMES, 2)
+    rows = build_plan(placement, dict.fromkeys(NAMES, shape), policies, 4, "cpu", "s", "32-true", 1,
+                      eval_prompts=100_000, eval_generations=8)
+    assert {r.peak for r in rows} == {"evaluation"}
+    with pytest.raises(ConfigError) as info:
+        validate_resources(rows, placement, device="cpu", devices_per_node=2, available_devices=None, cores=2,
+                           threads=1, threads_given=True, batch_size=4, framework_gib=0.5, device_memory_gib=64.0)
+    line = next(x for x in str(info.value).splitlines() if "needs an estimated" in x)
+    assert ("at its peak (evaluation: one part's held-out prompts, data.eval_size, times trainer.eval_num_generations, "
+            "sampled at once, with max_completion_length): lower data.eval_size or trainer.eval_num_generations "
+            "(0 = greedy only), or use more devices") in line
+
+
 def test_a_group_larger_than_the_batch_is_refused():
     with pytest.raises(ConfigError, match="data.batch_size=1"):
         validate_resources(_rows(((0, 1), (0, 1))), build_placement("colocated", None, NAMES, 2), device="cpu",

@@ -471,6 +471,9 @@ def test_a_setting_a_later_config_replaces_gets_a_note_naming_the_order_that_kee
     # the README's orders: options after the files, the probe's file after the config
     assert replaced_setting_notes(["fit", "--config", default, "--config", none, "--trainer.max_steps", "2"]) == []
     assert replaced_setting_notes(["fit", "--config", default, "--trainer.max_steps=2"]) == []
+    # given again after the file: the later option holds, nothing is lost
+    assert replaced_setting_notes(["fit", "--trainer.max_steps", "3", "--config", default, "--trainer.max_steps",
+                                   "2"]) == []
 
 
 def test_the_note_of_a_replaced_setting_is_printed_before_the_run(write_tiny_config, no_model_build, capsys):
