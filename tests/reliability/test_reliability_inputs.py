@@ -165,18 +165,22 @@ def test_a_misspelled_reasoning_gym_dataset_names_the_nearest(write_tiny_config,
         in err
 
 
-@pytest.mark.parametrize("value", ["0", "-2", "two", ""])
-def test_omp_num_threads_that_is_no_positive_integer_is_one_line_before_torch(value):
-    """``OMP_NUM_THREADS=0`` made libgomp print "Invalid value for environment variable OMP_NUM_THREADS" twice."""
+def _fit_before_torch(**env):
+    """``mrl fit`` of the default config in a subprocess with ``env`` set; status 9 if torch was imported first."""
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "OMP_NUM_THREADS": value}
-    done = subprocess.run([sys.executable, "-c", "import sys; from mrl_lightning.cli import main; "
+    return subprocess.run([sys.executable, "-c", "import sys; from mrl_lightning.cli import main; "
                            "sys.exit(main(['fit', '--config', 'configs/default.yaml'])) if 'torch' not in "
-                           "sys.modules else sys.exit(9)"], env=env, capture_output=True, text=True, cwd=REPO,
-                          timeout=60)
+                           "sys.modules else sys.exit(9)"], env={**os.environ, **env}, capture_output=True,
+                          text=True, cwd=REPO, timeout=60)
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", ""])
+def test_omp_num_threads_that_is_no_positive_integer_is_one_line_before_torch(value):
+    """``OMP_NUM_THREADS=0`` made libgomp print "Invalid value for environment variable OMP_NUM_THREADS" twice."""
+    done = _fit_before_torch(OMP_NUM_THREADS=value)
     assert done.returncode == 2, done.stderr
     assert done.stderr == (f"mrl: configuration error: OMP_NUM_THREADS={value!r} must be a positive integer (or "
                            "unset); e.g. OMP_NUM_THREADS=1, or unset OMP_NUM_THREADS (mrl fit sets torch's threads "
@@ -226,15 +230,7 @@ def test_a_trainer_value_of_the_wrong_kind_in_a_config_file_names_the_file(write
 @pytest.mark.parametrize("value", ["", "  "])
 def test_an_empty_mrl_cache_dir_is_one_line_before_torch(value):
     """``MRL_CACHE_DIR=`` made the model cache in the current folder (models/<hash>/ inside the repository)."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "MRL_CACHE_DIR": value}
-    done = subprocess.run([sys.executable, "-c", "import sys; from mrl_lightning.cli import main; "
-                           "sys.exit(main(['fit', '--config', 'configs/default.yaml'])) if 'torch' not in "
-                           "sys.modules else sys.exit(9)"], env=env, capture_output=True, text=True, cwd=REPO,
-                          timeout=60)
+    done = _fit_before_torch(MRL_CACHE_DIR=value)
     assert done.returncode == 2, done.stderr
     assert done.stderr == (f"mrl: configuration error: MRL_CACHE_DIR={value!r} is empty: the model cache would be made "
                            "in the current folder. Unset it (the cache is then ~/.cache/mrl_lightning) or give a folder: "
