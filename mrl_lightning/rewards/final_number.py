@@ -20,9 +20,9 @@ finds the text's *statements of a result* and keeps the last one of the most exp
       completion that starts with a number ending its sentence (" 57", " 10.", "13\\n\\nWhat's next?");
 3. a statement's value is X when X is a number (sign, also spaced: ``= - 3``; thousands separators in
    3-digit groups, ``1,000`` or ``1 000``; decimals, a currency sign; a Unicode minus or dash read as ``-``)
-   that is *all* of it: not followed by another number (``1 0000``, ``57 58``), an operator (``5 + 5``,
-   ``5 x 5``, ``2^2``, "2 times 2"), an alternative ("57 or 58", "-2 or 1", "57, 58", "57 (or 58)",
-   "but maybe 58") or, for the leading number, a word (" 10 steps"). A statement whose value is missing
+   that is *all* of it: not followed by another number (``1 0000``, ``57 58``, ``5:30``), an operator
+   (``5 + 5``, ``5 x 5``, ``2^2``, ``2**3``, ``57 ± 1``, ``57 & 58``, "2 times 2"), an alternative ("57 or 58",
+   "-2 or 1", "57, 58", "57 (or 58)", "but maybe 58", "57. Or maybe 58.") or, for the leading number, a word (" 10 steps"). A statement whose value is missing
    (cut: "So, 4 * 8 equals "), an expression, a word ("is FizzBuzz") or a hedge gives None: the last
    statement is the completion's result, and an earlier one is not taken instead.
 
@@ -40,10 +40,10 @@ from decimal import Decimal, InvalidOperation
 
 from mrl_lightning.data.sources import last_boxed
 
-RULE_VERSION = "final-number-v4"
+RULE_VERSION = "final-number-v5"
 
 _DASHES = str.maketrans({"\u2212": "-", "\ufe63": "-", "\uff0d": "-", "\u2013": "-", "\u2014": "-"})
-_WRAPPERS = re.compile(r"\\[()\[\]]|(?<!\\)\$(?!\s*[0-9])|\*\*")  # math delimiters, markdown bold
+_WRAPPERS = re.compile(r"\\[()\[\]]|(?<!\\)\$(?!\s*[0-9])|(?<![0-9])\*\*|\*\*(?![0-9])")  # delimiters, bold; 2**3 kept
 _RESTART = re.compile(r"(?<=\S)\s*\b(?:(?:Question|Q)(?:\s*[0-9]+)?\s*:|(?:Question|Q)\s*[0-9]+\.(?![0-9])|Q\.(?=\s))")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _HASHES = re.compile(r"^[ \t]*####[ \t]*(.+?)[ \t]*$", re.MULTILINE)
@@ -52,12 +52,13 @@ _NUM = rf"[-+]?[$\u20ac\u00a3]?(?:{_GROUPS}|[0-9]+)(?:\.[0-9]+)?(?![\w]|\.[0-9])
 _HASH_NUMBER = re.compile(rf"{_NUM}\.?")  # GSM8K's "#### 18": a #### line that is one number, not "#### Step 1"
 _SPACED_SIGN = re.compile(r"([-+])[ \t]+(?=[$\u20ac\u00a3]?[0-9])")  # "= - 3"
 _NUMBER = re.compile(rf"(?<![\w.]){_NUM}")
-_OP = r"(?:[-+*/\u00d7\u00f7^=<>%]|\\(?:times|cdot|div)\b|\bx\b|\b(?:times|plus|minus|over|divided|multiplied|" \
+_OP = r"(?:\*\*|[-+*/\u00d7\u00f7\u00b1^=<>%&]|\\(?:times|cdot|div)\b|\bx\b|\b(?:times|plus|minus|over|divided|multiplied|" \
       r"more|less|squared|cubed|mod)\b)"
 _EXPR = re.compile(rf"[0-9)]\s*{_OP}\s*[(]*\s*[-+]?[0-9]")
-_AFTER_BAD = re.compile(rf"[ \t]+[0-9]|\s*(?:{_OP}|[,;/]\s*[-+]?[0-9]|[,;]?\s*\(?\s*or\b|[,;]?\s*and\s+[-+]?[0-9]|"
-                        r"[,;]?\s*to\s+[-+]?[0-9]|[,;]?\s*but\s+(?:maybe|perhaps|possibly|also|it\s+(?:could|might|may)))",
-                        re.IGNORECASE)
+_AFTER_BAD = re.compile(rf"[ \t]+[0-9]|:[0-9]|\+/-|\s*(?:{_OP}|[,;/]\s*[-+]?[0-9]|[,;]?\s*\(?\s*or\b|"
+                        r"[,;]?\s*and\s+[-+]?[0-9]|[,;]?\s*to\s+[-+]?[0-9]|"
+                        r"[,;.!?]?\s*(?:but|or)\s+(?:maybe|perhaps|possibly|also|it\s+(?:could|might|may)))",
+                        re.IGNORECASE)  # a hedge also after a sentence end: "57. But maybe 58."
 _LEADING = re.compile(rf"\s*({_NUM})")
 _LEADING_END = re.compile(r"\s*(?:$|\n|[.!?,;:](?![0-9]))")
 _SENTENCE_END = re.compile(r"\n|[.!?](?=\s|$)")

@@ -129,6 +129,30 @@ def test_a_fault_of_the_v3_reader_is_read_as_stated(text, number):
     assert final_number(text) == number
 
 
+FAULTS_V4 = [
+    # a Python-style power is an expression, not bold markdown around digits
+    ("The answer is 2**3.", None),                                                    # v4: 23
+    (" 2**3", None),                                                                  # v4: 23
+    ("2**3 = 8", "8"),                                                                # v4: none
+    ("The answer is **57**.", "57"),                                                  # v4: 57 too (a guard)
+    ("**The answer is 57**", "57"),                                                   # v4: 57 too (a guard)
+    # a hedge or a second value after a sentence end, a plus-minus, an ampersand, a clock time
+    ("The answer is 57. But maybe 58.", None),                                        # v4: 57
+    ("The answer is 57. Or maybe 58.", None),                                         # v4: 57
+    ("The answer is 57 \u00b1 1.", None),                                             # v4: 57
+    ("The answer is 57 +/- 1.", None),                                                # v4: 57
+    ("The answer is 57 & 58.", None),                                                 # v4: 57
+    ("The answer is 5:30.", None),                                                    # v4: 5
+    ("The answer is 57. But 4 + 4 = 8 is easy.", "57"),                               # a guard: the anchor outranks
+]
+
+
+@pytest.mark.parametrize("text, number", FAULTS_V4)
+def test_a_fault_of_the_v4_reader_is_read_as_stated(text, number):
+    """``**`` between digits is a power, not bold; a hedge after a sentence end, ``\u00b1``, ``&`` and ``5:30`` state none."""
+    assert final_number(text) == number
+
+
 @pytest.mark.parametrize("text", NO_ANSWER)
 def test_a_text_without_an_answer_states_none(text):
     assert final_number(text) is None
@@ -148,7 +172,7 @@ def test_final_number_mode_rewards_the_value_in_words_and_never_a_hedge(add_item
     texts = ["47 + 77 = 124. The answer is 124.", "The sum of 47 and 77 is 124.", " 124", "124 or 125",
              "125 or 124", "The answer is 124 or 125.", "47 + 77 = 123", "We need to add 47 and"]
     assert reward(texts, [add_item] * len(texts)) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
-    assert reward.strict and reward.name == "rg_exact_final_number" and reward.version.endswith("final-number-v4")
+    assert reward.strict and reward.name == "rg_exact_final_number" and reward.version.endswith("final-number-v5")
 
 
 def test_the_default_first_line_mode_is_unchanged(add_item):
