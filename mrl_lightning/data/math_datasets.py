@@ -28,10 +28,11 @@ holds the data position. Differences from that module:
   chosen by a permutation seeded by (seed, part). With it, the evaluation rows are the
   eval source's (``eval_size`` of them by the same permutation, or all when 0) and every
   training row stays in training.
-- Evaluation rows are distinct questions (exact text): a source that repeats a question
+- Evaluation rows are distinct questions (:func:`~mrl_lightning.data.question_keys.question_key`: the text,
+  whitespace normalized): a source that repeats a question
   evaluates it once (the permutation skips the repeat; with ``eval_size: 0`` its first row
   is kept), so intervals are over distinct questions (``eval_question_counts``).
-- In both cases a training row whose question text equals any evaluation question (of any
+- In both cases a training row whose question (by the same key) is any evaluation question (of any
   part) is dropped, so evaluation stays held out even when a training set contains test
   questions; the count is warned about and kept in ``overlap_dropped``.
 - Rows whose answer cannot be extracted are dropped and counted in ``dropped`` (a warning
@@ -47,10 +48,17 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from mrl_lightning.data.items import PromptItem
+from mrl_lightning.data.question_keys import question_key
 from mrl_lightning.data.sources import MathSource, read_source, source_errors
 from mrl_lightning.data.stream import PromptDataModule, seed_for, stream_config_errors
 from mrl_lightning.errors import ConfigError
 
+
+
+def _key(item: PromptItem) -> str:
+    """The question ``item`` asks, for held-out evaluation: its text, whitespace normalized
+    (``question_key``; "What is 3 + 3?" and "What is 3  +  3? " are one question)."""
+    return question_key(item.question, item.entry.get("metadata"))
 
 @dataclass
 class MathPart:
@@ -176,7 +184,7 @@ class MathDataModule(PromptDataModule):
 
     def _held_out(self, part: MathPart, items: list[PromptItem], where: str) -> set[int]:
         """Positions of the evaluation rows among ``items``: the first ``eval_size`` distinct questions
-        (exact text) in a permutation seeded by (seed, part); every distinct question when ``eval_size``
+        (by :func:`_key`) in a permutation seeded by (seed, part); every distinct question when ``eval_size``
         is 0. A source that repeats a question (same text in two rows) so never evaluates it twice.
 
         Raises:
@@ -187,7 +195,7 @@ class MathDataModule(PromptDataModule):
             order = range(len(items))
         taken: dict[str, int] = {}
         for i in order:
-            taken.setdefault(items[int(i)].question, int(i))
+            taken.setdefault(_key(items[int(i)]), int(i))
             if len(taken) == part.eval_size:
                 break
         if part.eval_size and len(taken) < part.eval_size:
@@ -224,10 +232,10 @@ class MathDataModule(PromptDataModule):
             held = self._held_out(part, evals, where)
             evals = [x for i, x in enumerate(evals) if i in held]
             eval_all[part.name], train_all[part.name] = evals, items
-        questions = {x.question for xs in eval_all.values() for x in xs}
+        questions = {_key(x) for xs in eval_all.values() for x in xs}
         self.overlap_dropped = {}
         for part in self.parts:
-            kept = [x for x in train_all[part.name] if x.question not in questions]
+            kept = [x for x in train_all[part.name] if _key(x) not in questions]
             self.overlap_dropped[part.name] = len(train_all[part.name]) - len(kept)
             if not kept:
                 raise ConfigError(f"data.parts[{part.name}]: every training row's question is also an evaluation "

@@ -4,7 +4,8 @@ Evaluation is held out by question, not by row: a part's evaluation rows are dis
 this key, and every training row whose key is an evaluation key is dropped. Exact text is
 not enough for arithmetic: "Calculate 4 * 9." evaluated while "Calculate 9 * 4." is trained
 measures recall of a trained fact. The key reads reasoning-gym's ``metadata['expression']``
-(basic_arithmetic, chain_sum, ...) when there is one:
+for the datasets whose expression is the whole question (``EXPRESSION_DATASETS``: basic_arithmetic,
+chain_sum, products, decimal_chain_sum; the entry's ``metadata['source_dataset']`` names it):
 
 - a pure product (``a * b * ...``): the multiset of its factors;
 - a pure chain of ``+`` and ``-`` (``a + b - c``): the multiset of its signed terms
@@ -12,8 +13,11 @@ measures recall of a trained fact. The key reads reasoning-gym's ``metadata['exp
   reordered subtrahends ("4 - 1 - 7", "4 - 7 - 1"), while "5 - 3" and "3 - 5" do not;
 - any other expression (division, mixed ``+`` and ``*``, parentheses): the expression
   itself, whitespace normalized;
-- no expression (other datasets, GSM8K / MATH rows): the question text, whitespace
-  normalized.
+- any other reasoning-gym dataset: the question text as it is. Elsewhere ``expression`` is not
+  the question (circuit_logic's leaves out the input values that decide the answer, countdown's
+  is one solution among several), and whitespace can be part of it (circuit_logic draws its
+  circuit in spaces);
+- no metadata naming a dataset (GSM8K / MATH rows): the question text, whitespace normalized.
 
 Two questions with one key have the same value (a multiset of factors or of signed terms
 fixes the product or the sum), so a key never merges questions with different answers.
@@ -27,6 +31,7 @@ from fractions import Fraction
 from typing import Any
 
 _OPERATORS = {"+", "-", "*"}
+EXPRESSION_DATASETS = frozenset({"basic_arithmetic", "chain_sum", "products", "decimal_chain_sum"})
 _TOKEN = re.compile(r"\d+(?:\.\d+)?|\S")
 
 
@@ -62,16 +67,17 @@ def question_key(question: str, metadata: Mapping[str, Any] | None = None) -> st
 
     Args:
         question: The prompt's question text.
-        metadata: The reasoning-gym entry's ``metadata`` (its ``expression`` is read when
-            present), or None.
+        metadata: The reasoning-gym entry's ``metadata`` (its ``expression`` is read when its
+            ``source_dataset`` is in ``EXPRESSION_DATASETS``), or None.
 
     Returns:
         ``"product:<sorted factors>"``, ``"sum:<sorted signed terms>"``, ``"expression:<expr>"``
         or ``"text:<question>"``.
     """
-    expression = metadata.get("expression") if isinstance(metadata, Mapping) else None
+    dataset = metadata.get("source_dataset") if isinstance(metadata, Mapping) else None
+    expression = metadata.get("expression") if dataset in EXPRESSION_DATASETS else None
     if not isinstance(expression, str) or not expression.strip():
-        return "text:" + " ".join(question.split())
+        return "text:" + (question if dataset else " ".join(question.split()))
     tokens = _tokens(expression)
     numbers = [_number(t) for t in tokens[0::2]]
     operators = tokens[1::2]

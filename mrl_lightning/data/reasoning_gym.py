@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mrl_lightning.data.items import PromptItem
-from mrl_lightning.data.question_keys import question_key
+from mrl_lightning.data.question_keys import EXPRESSION_DATASETS, question_key
 from mrl_lightning.data.stream import PromptDataModule, seed_for, stream_config_errors
 from mrl_lightning.errors import ConfigError
 
@@ -185,7 +185,10 @@ class ReasoningGymDataModule(PromptDataModule):
         """Short hash of everything that determines the generated prompts."""
         text = repr([(p.name, p.dataset, sorted(p.config.items()), p.weight)
                      + ((p.eval_size,) if p.eval_size is not None else ()) for p in self.parts])
-        held_out = "|held-out-by-key-v2"  # evaluation distinct by question_key, training without any part's keys
+        # evaluation distinct by question_key, training without any part's keys; v3 keys other datasets than
+        # EXPRESSION_DATASETS by their text (v2 by an expression that is not the question), so only they move
+        version = 2 if all(p.dataset in EXPRESSION_DATASETS for p in self.parts) else 3
+        held_out = f"|held-out-by-key-v{version}"
         return hashlib.sha256(f"{text}|{self.train_size}|{self.eval_size}|{self.seed}{held_out}".encode()
                               ).hexdigest()[:12]
 

@@ -23,6 +23,11 @@ MUL = dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1, operators=["*"]
 CHAIN = dict(min_terms=3, max_terms=3, min_digits=1, max_digits=1)
 
 
+def _arith(expression: str) -> dict:
+    """A basic_arithmetic entry's metadata: a dataset whose expression is the whole question."""
+    return {"expression": expression, "source_dataset": "basic_arithmetic"}
+
+
 def _key(item) -> str:
     return question_key(item.question, item.entry.get("metadata"))
 
@@ -43,7 +48,7 @@ def _mul(eval_size=20, train_size=300, part_eval_size=None):
     ("4 + 3 - 2", "3 + 4 - 2"),
 ])
 def test_commuted_questions_share_a_key(a, b):
-    assert question_key(f"Calculate {a}.", {"expression": a}) == question_key(f"Calculate {b}.", {"expression": b})
+    assert question_key(f"Calculate {a}.", _arith(a)) == question_key(f"Calculate {b}.", _arith(b))
 
 
 @pytest.mark.parametrize("a, b", [
@@ -53,12 +58,29 @@ def test_commuted_questions_share_a_key(a, b):
     ("8 / 2", "2 / 8"),
 ])
 def test_other_questions_have_other_keys(a, b):
-    assert question_key(a, {"expression": a}) != question_key(b, {"expression": b})
+    assert question_key(a, _arith(a)) != question_key(b, _arith(b))
 
 
 def test_without_an_expression_the_key_is_the_question_text():
     assert question_key(" Calculate  4 * 9.", {}) == question_key("Calculate 4 * 9.", None) == "text:Calculate 4 * 9."
     assert question_key("Calculate 4 * 9.") != question_key("Calculate 9 * 4.")
+
+
+@pytest.mark.parametrize("dataset, config", [
+    ("circuit_logic", dict(min_terms=1, max_terms=2, min_inputs=1, max_inputs=2)),  # expression: the circuit alone
+    ("countdown", dict(min_numbers=3, max_numbers=3)),  # expression: one solution of the question
+])
+def test_where_the_expression_is_not_the_question_the_key_is_the_text(dataset, config):
+    """Two texts are two keys (an expression shared by different questions merged them), one text one key."""
+    import reasoning_gym
+
+    entries = reasoning_gym.create_dataset(dataset, seed=0, size=600, **config)
+    key_of = {}
+    for e in entries:
+        key = question_key(e["question"], e["metadata"])
+        assert key_of.setdefault(e["question"], key) == key == "text:" + e["question"]
+    expressions = {e["metadata"]["expression"] for e in entries}
+    assert len(key_of) == len(set(key_of.values())) > len(expressions) or dataset == "countdown"
 
 
 _TERMS = st.lists(st.integers(-12, 12), min_size=1, max_size=4)
@@ -76,7 +98,7 @@ def _expression(terms: list[int], operators: list[str]) -> str:
 def test_property_commuted_operands_share_a_key(terms, op, data):
     shuffled = data.draw(st.permutations(terms))
     a, b = _expression(terms, [op] * len(terms)), _expression(shuffled, [op] * len(terms))
-    assert question_key("q1", {"expression": a}) == question_key("q2", {"expression": b})
+    assert question_key("q1", _arith(a)) == question_key("q2", _arith(b))
 
 
 _EXPRESSIONS = st.integers(1, 3).flatmap(lambda n: st.tuples(
@@ -88,7 +110,7 @@ _EXPRESSIONS = st.integers(1, 3).flatmap(lambda n: st.tuples(
 @given(first=_EXPRESSIONS, second=_EXPRESSIONS)
 def test_property_different_results_never_share_a_key(first, second):
     a, b = _expression(*first), _expression(*second)
-    if question_key(a, {"expression": a}) == question_key(b, {"expression": b}):
+    if question_key(a, _arith(a)) == question_key(b, _arith(b)):
         assert eval(a) == eval(b), (a, b)  # noqa: S307 - integers and + - * only
 
 
@@ -177,11 +199,27 @@ def test_a_math_source_that_repeats_a_question_evaluates_it_once(tmp_path):
                                  eval_size=5)], batch_size=1).setup()
 
 
+def test_a_math_question_written_with_other_spacing_is_one_question(tmp_path):
+    """Held out and dropped by question_key (whitespace normalized), as eval_question_counts counts them."""
+    from mrl_lightning.data import MathDataModule, MathPart, MathSource
+
+    train = [f"What is {i} + {i}?" for i in range(20)] + ["What is 3  +  3?"]
+    evals = ["What is 3 + 3?", "What is 3 + 3? ", "What is 100 + 1?"]
+    module = MathDataModule([MathPart("m", _jsonl(tmp_path / "t.jsonl", train), answer_pattern=r"####\s*(.+)",
+                                      eval_source=MathSource(_jsonl(tmp_path / "e.jsonl", evals),
+                                                             answer_pattern=r"####\s*(.+)"))], batch_size=1)
+    with pytest.warns(UserWarning, match="dropped 2 training rows"):  # "What is 3 + 3?" in both spacings
+        held = module.eval_items()["m"]
+    assert [x.question for x in held] == ["What is 3 + 3?", "What is 100 + 1?"]
+    assert module.eval_question_counts() == {"m": 2}
+    assert not {" ".join(x.question.split()) for x in module.train_items("m")} & {"What is 3 + 3?"}
+
+
 @pytest.mark.parametrize("a, b", [("3+5", "5 + 3"), ("3 +5", "5+3"), ("4*9", "9 * 4"), ("-2*3", "3 * -2"),
                                   ("3 - -5", "5 + 3")])
 def test_the_key_does_not_depend_on_spacing(a, b):
     # reasoning-gym's whitespace option ("no_space", "random") writes one question several ways
-    assert question_key("q", {"expression": a}) == question_key("q", {"expression": b})
+    assert question_key("q", _arith(a)) == question_key("q", _arith(b))
 
 
 def test_a_question_held_out_by_one_part_is_not_trained_by_another():
