@@ -315,6 +315,10 @@ def config_file_problems(args: list[str]) -> list[str]:
             problems.append(f"config file {path!r} holds a YAML {type(data).__name__}, not a mapping of keys "
                             "(trainer:, model:, data:, ...).")
         else:
+            problems.extend(f"config file {path!r}: {key}: holds a YAML {type(data[key]).__name__}, not a mapping of "
+                            f"its keys; indent its keys under '{key}:' without '- ' (a list item)."
+                            for key in ("trainer", "model", "data")  # a list here replaced the whole section silently
+                            if data.get(key) is not None and not isinstance(data[key], dict))
             for label, kind, class_path, init_args in _class_paths(data):
                 reason = class_path_problem(class_path, kind)
                 if reason is not None:

@@ -57,7 +57,7 @@ def trainer_errors(*, max_steps: int = 1000, log_every_n_steps: int = 10, eval_e
                    keep_checkpoints: int = 2, devices: int = 1, num_nodes: int = 1, eval_num_generations: int = 8,
                    checkpoint_every_n_steps: int = 500, num_threads: int | None = None, strategy: str = "auto",
                    placement: str = "auto", collective_timeout_s: float = 1800.0, accelerator: str = "auto",
-                   version: int | str | None = None, **_: Any) -> list[str]:
+                   version: int | str | None = None, num_sample_completions: int = 4, **_: Any) -> list[str]:
     """Problems of :class:`~mrl_lightning.loop.trainer.MRLTrainer`'s own values (its defaults here too), all at once.
 
     Needs nothing built: ``mrl fit`` runs it on the parsed ``trainer`` section before it
@@ -71,6 +71,9 @@ def trainer_errors(*, max_steps: int = 1000, log_every_n_steps: int = 10, eval_e
         low, zero = (0, " (0 = no evaluation)") if key == "eval_every_n_steps" else (1, "")  # docs/loop.md
         if not isinstance(value, int) or value < low:
             errors.append(f"trainer.{key}={value!r} must be an integer >= {low}{zero}; e.g. --trainer.{key} {low + 1}.")
+    if num_sample_completions < 0:
+        errors.append(f"trainer.num_sample_completions={num_sample_completions} must be >= 0 (0 = no completions "
+                      "logged as text).")
     if eval_num_generations < 0:
         errors.append(f"trainer.eval_num_generations={eval_num_generations} must be >= 0 (0 = greedy only).")
     if checkpoint_every_n_steps < 0:

@@ -40,7 +40,7 @@ class MutualRL(pl.LightningModule):
             None = the first strict one.
 
     Raises:
-        ConfigError: no policies, duplicate names, weights of the wrong length, a
+        ConfigError: no policies, duplicate names, an empty ``reward_funcs``, weights of the wrong length, a
             ``success_threshold`` outside (0, 1], or no strict verifier (all reported at once).
     """
 
@@ -53,8 +53,12 @@ class MutualRL(pl.LightningModule):
         success_verifier: str | None = None,
     ) -> None:
         super().__init__()
-        reward_funcs = list(reward_funcs) if reward_funcs else [ReasoningGymAccuracy()]
+        empty = reward_funcs is not None and not list(reward_funcs)  # [] was replaced by the default, unrecorded
+        reward_funcs = [ReasoningGymAccuracy()] if reward_funcs is None else list(reward_funcs)
         errors = []
+        if empty:
+            errors.append("model.reward_funcs is empty; list at least one reward function, or leave the key out "
+                          "for reasoning-gym's strict accuracy (ReasoningGymAccuracy).")
         if not policies:
             errors.append("model.policies is empty; list at least one PolicyModule.")
         names = [p.policy_name for p in policies]
@@ -70,7 +74,7 @@ class MutualRL(pl.LightningModule):
             errors.append(f"model.success_threshold={success_threshold} must be in (0, 1]: rewards are in [0, 1] "
                           "(a strict verifier's 1.0 is an exactly right answer), so above 1 no completion is ever a "
                           "success and at 0 every one is; e.g. --model.success_threshold 1.0.")
-        if not strict:
+        if not strict and not empty:
             errors.append(f"model: no strict reward function named {success_verifier!r} to decide success; "
                           f"strict ones: {[f.name for f in reward_funcs if f.strict]}.")
         if errors:

@@ -143,7 +143,7 @@ class MRLTrainer:
                                 devices=devices, num_nodes=num_nodes, eval_num_generations=eval_num_generations,
                                 checkpoint_every_n_steps=checkpoint_every_n_steps, num_threads=num_threads,
                                 strategy=strategy, placement=placement, collective_timeout_s=collective_timeout_s,
-                                accelerator=accelerator)
+                                accelerator=accelerator, num_sample_completions=num_sample_completions)
         if errors:
             raise ConfigError("Invalid trainer config:\n  - " + "\n  - ".join(errors))
         fit = resolve_devices(accelerator, devices, placement, strategy, devices_present(), num_nodes, policy_ranks)

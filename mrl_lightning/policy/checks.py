@@ -25,6 +25,8 @@ Two things can make a policy unable to see its question, and neither raises on i
 
 from __future__ import annotations
 
+import math
+
 import difflib
 import os
 import warnings
@@ -334,7 +336,12 @@ def grpo_option_errors(p: str, policy) -> list[str]:
     if policy.num_generations < 2:
         errors.append(f"{p}: num_generations={policy.num_generations}; GRPO needs >= 2 completions per "
                       "prompt to form a group baseline. Set num_generations: 8 (or any >= 2).")
-    if policy.temperature <= 0:
+    for key in ("temperature", "top_p", "learning_rate", "weight_decay", "beta", "epsilon", "epsilon_high",
+                "max_grad_norm"):
+        value = getattr(policy, key)
+        if value is not None and not math.isfinite(value):  # .nan / .inf in a YAML file pass every comparison
+            errors.append(f"{p}: {key}={value} must be a finite number.")
+    if not policy.temperature > 0:
         errors.append(f"{p}: temperature={policy.temperature} must be > 0.")
     if not 0 < policy.top_p <= 1:
         errors.append(f"{p}: top_p={policy.top_p} must be in (0, 1].")
@@ -363,8 +370,12 @@ def grpo_option_errors(p: str, policy) -> list[str]:
         errors.extend(loss_type_errors(p, policy))
     if policy.scale_rewards not in SCALE_REWARDS:
         errors.append(f"{p}: scale_rewards={policy.scale_rewards!r}; valid: {list(SCALE_REWARDS)}.")
-    if policy.learning_rate <= 0:
+    if not policy.learning_rate > 0:
         errors.append(f"{p}: learning_rate={policy.learning_rate} must be > 0.")
+    if not policy.weight_decay >= 0:
+        errors.append(f"{p}: weight_decay={policy.weight_decay} must be >= 0 (AdamW's decay; 0 = none).")
+    if policy.max_grad_norm is not None and not policy.max_grad_norm > 0:  # torch would flip every gradient
+        errors.append(f"{p}: max_grad_norm={policy.max_grad_norm} must be > 0, or null for no clipping.")
     return errors
 
 

@@ -58,12 +58,14 @@ def test_unknown_init_arg_of_a_class_names_the_nearest_argument(write_tiny_confi
     ("trainer:\n\tmax_steps: 3\n", "is not valid YAML, line 2, column 1: found character '\\t' that cannot start "
      "any token (YAML does not allow tabs for indentation: use spaces)"),
     ("trainer: {max_steps: [3\n", "is not valid YAML, line 2, column 1"),
-], ids=["empty", "comments", "list", "tab", "unclosed"])
+    ("trainer:\n  - max_steps: 3\n", ": trainer: holds a YAML list, not a mapping of its keys; indent its keys under "
+     "'trainer:' without '- ' (a list item)."),  # replaced the earlier file's whole trainer section, silently
+], ids=["empty", "comments", "list", "tab", "unclosed", "section-list"])
 def test_empty_or_non_mapping_yaml_is_named(tmp_path, write_tiny_config, no_model_build, capsys, text, expected):
     bad = tmp_path / "probe.yaml"
     bad.write_text(text)
     err = _fit_error(capsys, "--config", str(write_tiny_config()), "--config", str(bad))
-    assert f"config file {str(bad)!r} {expected}" in err
+    assert f"config file {str(bad)!r}{'' if expected.startswith(':') else ' '}{expected}" in err
 
 
 def _one_error_line(err: str) -> str:

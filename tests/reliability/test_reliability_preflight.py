@@ -560,3 +560,32 @@ def test_a_success_threshold_no_reward_can_meet_is_refused(write_tiny_config, no
     """``--model.success_threshold 2``: no completion was ever a success (evaluation 0.00, SGT shared nothing), silently."""
     err = _refused(capsys, "--config", str(write_tiny_config()), "--model.success_threshold", value)
     assert f"model.success_threshold={float(value)} must be in (0, 1]: rewards are in [0, 1]" in err
+
+
+@pytest.mark.parametrize("values, line", [
+    ({"max_grad_norm": -1.0}, "max_grad_norm=-1.0 must be > 0, or null for no clipping."),  # torch: every gradient flipped
+    ({"weight_decay": -0.1}, "weight_decay=-0.1 must be >= 0 (AdamW's decay; 0 = none)."),  # was torch's, in the build
+    ({"temperature": float("inf")}, "temperature=inf must be a finite number."),  # passed '> 0', ran, evaluated 0.00
+    ({"learning_rate": float("nan")}, "learning_rate=nan must be a finite number."),  # YAML .nan: torch's, in the build
+])
+def test_values_torch_takes_or_refuses_late_are_refused_before_the_build(tmp_path, values, line):
+    from mrl_lightning.config.preflight import quick_policy_errors
+
+    config = _policies(tmp_path, "a.yaml", {"name": "p", "model": "m", **values})
+    name, errors = quick_policy_errors(["fit", "--config", config])
+    assert name == "p" and f"policy 'p': {line}" in errors
+
+
+def test_a_negative_count_of_logged_completions_is_refused():
+    from mrl_lightning.config.preflight import trainer_errors
+
+    assert trainer_errors(num_sample_completions=-3) == [
+        "trainer.num_sample_completions=-3 must be >= 0 (0 = no completions logged as text)."]
+    assert trainer_errors(num_sample_completions=0) == []
+
+
+def test_an_empty_list_of_reward_functions_is_refused(write_tiny_config, no_model_build, capsys):
+    """``--model.reward_funcs '[]'`` trained on the default reward while config.yaml recorded none."""
+    err = _refused(capsys, "--config", str(write_tiny_config()), "--model.reward_funcs", "[]")
+    assert "model.reward_funcs is empty; list at least one reward function, or leave the key out" in err
+    assert "no strict reward function" not in err
