@@ -71,13 +71,11 @@ def trainer_errors(*, max_steps: int = 1000, log_every_n_steps: int = 10, eval_e
         low, zero = (0, " (0 = no evaluation)") if key == "eval_every_n_steps" else (1, "")  # docs/loop.md
         if not isinstance(value, int) or value < low:
             errors.append(f"trainer.{key}={value!r} must be an integer >= {low}{zero}; e.g. --trainer.{key} {low + 1}.")
-    if num_sample_completions < 0:
-        errors.append(f"trainer.num_sample_completions={num_sample_completions} must be >= 0 (0 = no completions "
-                      "logged as text).")
-    if eval_num_generations < 0:
-        errors.append(f"trainer.eval_num_generations={eval_num_generations} must be >= 0 (0 = greedy only).")
-    if checkpoint_every_n_steps < 0:
-        errors.append(f"trainer.checkpoint_every_n_steps={checkpoint_every_n_steps} must be >= 0.")
+    for key, value, zero in (("num_sample_completions", num_sample_completions, " (0 = no completions logged as text)"),
+                             ("eval_num_generations", eval_num_generations, " (0 = greedy only)"),
+                             ("checkpoint_every_n_steps", checkpoint_every_n_steps, "")):
+        if value < 0:
+            errors.append(f"trainer.{key}={value} must be >= 0{zero}.")
     if num_threads is not None and num_threads < 1:
         errors.append(f"trainer.num_threads={num_threads} must be >= 1 or null.")
     if strategy not in STRATEGIES:
@@ -286,10 +284,8 @@ def accelerator_errors(accelerator: str) -> list[str]:
         missing = f"no CUDA GPU is visible here (torch {torch.__version__}, {built})"
     elif name == "mps" and not mps:
         missing = "no Apple MPS device is available here"
-    if missing is None:
-        return []
-    return [f"trainer.accelerator={accelerator!r} but {missing}. Use --trainer.accelerator cpu, or auto (a GPU when "
-            "there is one, else the CPU)."]
+    return [] if missing is None else [f"trainer.accelerator={accelerator!r} but {missing}. Use --trainer.accelerator "
+                                       "cpu, or auto (a GPU when there is one, else the CPU)."]
 
 
 def make_fabric(strategy: str, collective_timeout_s: float, **kwargs: Any) -> Fabric:
@@ -434,8 +430,8 @@ def eval_prompts(datamodule) -> int:
     size = getattr(datamodule, "eval_size", None)
     if isinstance(size, int) and size > 0:
         return size
-    sizes = [getattr(part, "eval_size", 0) for part in getattr(datamodule, "parts", [])]
-    return max([s for s in sizes if isinstance(s, int)], default=0)
+    return max([s for part in getattr(datamodule, "parts", []) if isinstance(s := getattr(part, "eval_size", 0), int)],
+               default=0)
 
 
 def _expected_models(policies: dict, shapes: dict, datamodule) -> dict[str, dict[str, Any]]:
