@@ -21,8 +21,9 @@ same tables.
 1. Success: per arm, policy and part, at the first and the last evaluation:
    ``eval/<p>/success_<part>`` (sampled: the mean over the held-out questions of the share of
    ``eval_num_generations`` samples that are right) and ``eval/<p>/greedy_success_<part>``.
-2. Paired with none: per seed, arm minus none, of the end success and of the rise (end -
-   start), sampled and greedy.
+2. Paired with none: per seed, arm minus none, of the end success, of the rise (end -
+   start) and of the success at the second evaluation (the first after the start), sampled
+   and greedy.
 3. Harm: the strong part's worst drop, min over the evaluations after the first of (success
    - first success), per run (positive when it never fell below its start); and arm minus
    none on the seed.
@@ -49,7 +50,13 @@ same tables.
    ``baseline_shift_max``; ``zero_var_signal_share``. SGT: ``probe/sgt/<p>/grad_share`` (mean over
    the steps with a transfer) and the largest ``grad_share_max``; transfers received (summed); THL
    mass moved of the demos.
-6. ``curves.png``: a panel per policy and part, sampled success against the step, one line per
+   Gradient: per policy, the RMS over steps of ``train/<p>/grad_norm`` (before clipping; a
+   step with no group that has a signal logs 0 and counts), its mean, the share of steps at 0,
+   and, paired on the seed, the ratio of the RMS to none's (geometric mean over seeds; the
+   95% interval of the mean log ratio, shown as a factor ×/÷).
+6. The paper's claims (docs/probes.md) against these runs: ``real_claims.py``, each claim with
+   the quantity above that tests it, its figure and a verdict read off its interval.
+7. ``curves.png``: a panel per policy and part, sampled success against the step, one line per
    arm (the mean over seeds) in a band from the lowest to the highest seed.
 
 Not a test (``tests/benchmarks/test_real_arms.py`` checks the arithmetic on synthetic runs).
@@ -67,6 +74,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import real_claims  # noqa: E402
 from probes import mean_ci  # noqa: E402
 
 ARM_ORDER = ("none", "sgt", "prp", "xgrpo")
@@ -149,6 +157,11 @@ def _max(values: list[float]) -> float:
     return max(values) if values else math.nan
 
 
+def _log(x: float) -> float:
+    """log x; NaN where x <= 0 (a run whose every step had no gradient has no ratio)."""
+    return math.log(x) if x > 0 else math.nan
+
+
 def _last(s: dict, tag: str) -> float:
     return s[tag][-1][1] if s.get(tag) else math.nan
 
@@ -198,8 +211,11 @@ def run_numbers(s: dict, setup: dict) -> dict:
         steps = sorted(k for k in set(own) | set(compose) if k >= STEADY_FROM)
         own_s = [own.get(k, 0.0) + compose.get(k, 0.0) for k in steps]
         update_s = _values(s, f"train/{p}/update_time_s", STEADY_FROM)
+        grad = [v for v in _values(s, f"train/{p}/grad_norm", STEADY_FROM) if math.isfinite(v)]
         policies[p] = {
             "strong_parts": strong, "curves": curves,
+            "grad": {"rms": math.sqrt(_mean([g * g for g in grad])), "mean": _mean(grad),
+                     "zero_share": _mean([float(g == 0.0) for g in grad])},
             "rescue": {"marked": marked, "not_rescued": unmarked, "gap": marked - unmarked,
                        "rescued_later_solved_share": _last(s, f"probe/sgt/{p}/rescued_later_solved_share")},
             "cost": {"own_s": _mean(own_s), "update_s": _mean(update_s),
@@ -232,6 +248,11 @@ def rise(curve: list) -> float:
     return end(curve) - start(curve)
 
 
+def early(curve: list) -> float:
+    """The second evaluation (the first after the start); NaN with fewer than two."""
+    return curve[1][1] if len(curve) > 1 else math.nan
+
+
 def worst_drop(curve: list) -> float:
     """min over the evaluations after the first of (success - first success); NaN with fewer than two."""
     return min(v - curve[0][1] for _, v in curve[1:]) if len(curve) > 1 else math.nan
@@ -239,19 +260,26 @@ def worst_drop(curve: list) -> float:
 
 def stat(values: list[float]) -> dict:
     """Mean, 95% Student-t half-width and count of the finite values (``probes.mean_ci``)."""
-    finite = [v for v in values if v is not None and not math.isnan(v)]
+    finite = [v for v in values if v is not None and math.isfinite(v)]
     mean, half = mean_ci(finite)
     return {"mean": mean, "ci95": half, "n": len(finite)}
 
 
 def paired_stat(mine: dict, theirs: dict, number) -> dict:
-    """Seed-paired ``number(mine) - number(theirs)``; ``mine``/``theirs``: seed -> curve, cut to common steps."""
+    """Seed-paired ``number(mine) - number(theirs)``; ``mine``/``theirs``: seed -> curve, each seed's pair kept
+    to the evaluation steps both curves have (a run that missed an evaluation, or stopped early, is
+    compared at the same steps, never by position)."""
     diffs = []
     for seed in sorted(set(mine) & set(theirs)):
-        a, b = mine[seed], theirs[seed]
-        common = min(a[-1][0], b[-1][0]) if a and b else math.nan
-        diffs.append(number(up_to(a, common)) - number(up_to(b, common)) if a and b else math.nan)
+        a, b = common_steps(mine[seed], theirs[seed])
+        diffs.append(number(a) - number(b) if a and b else math.nan)
     return stat(diffs)
+
+
+def common_steps(a: list, b: list) -> tuple[list, list]:
+    """``a`` and ``b`` kept to the steps both have."""
+    both = {x[0] for x in a} & {x[0] for x in b}
+    return [x for x in a if x[0] in both], [x for x in b if x[0] in both]
 
 
 # ---------------------------------------------------------------- the tables
@@ -280,7 +308,7 @@ def summarize(runs: list[dict], setup: dict, control: str = "none") -> dict:
         common = sorted(set(of[arm]) & set(of[control]))
         return stat([get(of[arm][s]) - get(of[control][s]) for s in common])
 
-    t = {"success": [], "paired": [], "harm": [], "rescue": [], "cost": [], "policy_cost": [],
+    t = {"success": [], "paired": [], "harm": [], "rescue": [], "cost": [], "policy_cost": [], "gradient": [],
          **{probe: [] for probe in PROBE_COLUMNS}}
     for arm in arms:
         unfinished = [s for s, r in of[arm].items() if not r["finished"]]
@@ -299,6 +327,10 @@ def summarize(runs: list[dict], setup: dict, control: str = "none") -> dict:
                         mine, theirs = curves(arm, p, kind, part), curves(control, p, kind, part)
                         diff[f"{kind}_end_diff"] = paired_stat(mine, theirs, end)
                         diff[f"{kind}_rise_diff"] = paired_stat(mine, theirs, rise)
+                        diff[f"{kind}_early_diff"] = paired_stat(mine, theirs, early)
+                    mine, theirs = curves(arm, p, "sampled", part), curves(control, p, "sampled", part)
+                    pairs = [common_steps(mine[k], theirs[k]) for k in sorted(set(mine) & set(theirs))]
+                    diff["early_steps"] = sorted({a[1][0] for a, _ in pairs if len(a) > 1})
                     t["paired"].append(diff)
                 if role == "strong":
                     harm = {"arm": arm, "policy": p, "part": part}
@@ -318,6 +350,14 @@ def summarize(runs: list[dict], setup: dict, control: str = "none") -> dict:
             t["policy_cost"].append({"arm": arm, "policy": p, **{
                 key: over(arm, lambda r, key=key: r["policies"][p]["cost"][key])
                 for key in ("own_s", "update_s", "own_share")}})
+            grad = {"arm": arm, "policy": p, **{key: over(arm, lambda r, key=key: r["policies"][p]["grad"][key])
+                                                for key in ("rms", "mean", "zero_share")}}
+            grad["rms_ratio"] = paired_over(arm, lambda r: _log(r["policies"][p]["grad"]["rms"])) \
+                if arm in rivals else stat([])
+            if grad["rms_ratio"]["n"]:  # the interval of the mean log ratio, as a ratio: exp(mean), exp(± half)
+                grad["rms_ratio"] = {"mean": math.exp(grad["rms_ratio"]["mean"]),
+                                     "factor": math.exp(grad["rms_ratio"]["ci95"]), "n": grad["rms_ratio"]["n"]}
+            t["gradient"].append(grad)
             for probe, columns in PROBE_COLUMNS.items():
                 row = {"arm": arm, "policy": p, **{key: over(arm, lambda r, key=key: r["policies"][p][probe][key])
                                                    for _, key, _ in columns}}
@@ -330,6 +370,7 @@ def summarize(runs: list[dict], setup: dict, control: str = "none") -> dict:
                                      for s in sorted(set(of[arm]) & set(of[control]))]) if arm in rivals else stat([]),
             "exchange_time_s": over(arm, lambda r: r["exchange_time_s"]),
             "wall_s": over(arm, lambda r: r["wall_s"])})
+    t["claims"] = real_claims.claims(t, setup, roles, cell, ratio_cell, control)
     return t
 
 
@@ -342,12 +383,23 @@ def cell(st: dict, digits: int = 3, signed: bool = False, empty: str = "-") -> s
     return text if math.isnan(st["ci95"]) else f"{text} ± {st['ci95']:.{digits}f}"
 
 
+def ratio_cell(st: dict, digits: int = 2) -> str:
+    """``ratio ×/÷ factor`` of a paired log-ratio (``-`` with no pair, no factor with one)."""
+    if not st["n"]:
+        return "-"
+    text = f"{st['mean']:.{digits}f}"
+    return text if math.isnan(st["factor"]) else f"{text} ×/÷ {st['factor']:.{digits}f}"
+
+
 def _seeds(row: dict) -> str:
     return f"{row['seeds']}" + ("*" if row["unfinished"] else "")
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
+    def line(cells):  # a '|' inside a name (a policy, a part) would split its cell
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+    return [line(header), "|" + "---|" * len(header), *(line(r) for r in rows)]
 
 
 def markdown(t: dict, runs: list[dict], setup: dict, control: str) -> str:
@@ -365,10 +417,15 @@ def markdown(t: dict, runs: list[dict], setup: dict, control: str) -> str:
                     cell(r["sampled_start"]), cell(r["sampled_end"]), cell(r["greedy_start"]), cell(r["greedy_end"])]
                    for r in t["success"]])
     out += ["", f"## 2. Paired with {control} on the seed: arm - {control}", ""]
-    out += _table(["arm", "policy", "part", "pairs", "end, sampled", "end, greedy", "rise, sampled", "rise, greedy"],
+    out += _table(["arm", "policy", "part", "pairs", "end, sampled", "end, greedy", "rise, sampled", "rise, greedy",
+                   "2nd evaluation, sampled", "2nd evaluation, greedy"],
                   [[r["arm"], r["policy"], f"{r['part']} ({r['role']})", str(r["sampled_end_diff"]["n"]),
-                    *(cell(r[f"{k}_{m}_diff"], signed=True) for m in ("end", "rise") for k in ("sampled", "greedy"))]
-                   for r in t["paired"]] or [["-"] * 8])
+                    *(cell(r[f"{k}_{m}_diff"], signed=True) for m in ("end", "rise", "early")
+                      for k in ("sampled", "greedy"))]
+                   for r in t["paired"]] or [["-"] * 10])
+    early_steps = sorted({k for r in t["paired"] for k in r["early_steps"]})
+    if early_steps:
+        out += ["", f"2nd evaluation: step {', '.join(map(str, early_steps))} (the first after the start)."]
     out += ["", "## 3. Harm: the strong part's worst drop, min over later evaluations of (success - start)", ""]
     out += _table(["arm", "policy", "strong part", "worst drop, sampled", "worst drop, greedy",
                    f"- {control}, sampled", f"- {control}, greedy"],
@@ -393,12 +450,22 @@ def markdown(t: dict, runs: list[dict], setup: dict, control: str) -> str:
     out += _table(["arm", "policy", "probe's own s / step (aux + compose)", "update s / step", "own share of update"],
                   [[r["arm"], r["policy"], cell(r["own_s"], 3), cell(r["update_s"], 2), cell(r["own_share"], 3)]
                    for r in t["policy_cost"]])
+    out += ["", f"Gradient (``train/<p>/grad_norm``, before clipping, steps {STEADY_FROM}..end): the RMS over steps "
+            f"(E||g||^2 = ||E g||^2 + the update's variance), its ratio to {control}'s on the seed (geometric mean "
+            "over seeds, 95% interval as a factor), and the share of steps with no gradient (no group with a signal).",
+            ""]
+    out += _table(["arm", "policy", "grad norm RMS", "grad norm mean", f"RMS / {control}'s (paired)",
+                   "steps with grad 0"],
+                  [[r["arm"], r["policy"], cell(r["rms"], 3), cell(r["mean"], 3), ratio_cell(r["rms_ratio"]),
+                    cell(r["zero_share"], 3)] for r in t["gradient"]])
     for probe, columns in PROBE_COLUMNS.items():
         if t[probe]:
-            out += ["", f"{probe.upper()} (probe/{probe}/<p>/...):", ""]
+            out += ["", f"{probe.upper()} (`probe/{probe}/<p>/...`):", ""]
             out += _table(["arm", "policy", *(name for name, _, _ in columns)],
                           [[r["arm"], r["policy"], *(cell(r[key], digits) for _, key, digits in columns)]
                            for r in t[probe]])
+    out += ["", "## 6. The paper's claims (docs/probes.md) against these runs", ""]
+    out += real_claims.markdown(t["claims"], control)
     late = [r for r in runs if not r["finished"]]
     if late:
         def last_eval(r):
@@ -455,9 +522,9 @@ def plot_curves(runs: list[dict], setup: dict, path: Path) -> None:
 
 
 def _finite(obj):
-    """``obj`` with NaN as None (strict JSON) and paths as text."""
+    """``obj`` with NaN and infinities as None (strict JSON) and paths as text."""
     if isinstance(obj, float):
-        return None if math.isnan(obj) else obj
+        return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
         return {k: _finite(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

@@ -24,6 +24,8 @@ STRONG = {"none": {0: [0.5, 0.4, 0.45, 0.2], 1: [0.6, 0.6, 0.55, 0.5], 2: [0.4, 
 RESCUE = {"none": {0: (0.5, 0.3), 1: (0.4, 0.3), 2: (0.6, 0.3)},
           "sgt": {0: (0.8, 0.4), 1: (0.6, 0.4), 2: (0.7, 0.4)}}
 STEP_S = {"none": {0: 10.0, 1: 20.0, 2: 10.0}, "sgt": {0: 12.0, 1: 30.0, 2: 11.0}}
+# policy a's gradient norm before clipping on steps 3..60 (step 2 has none: 0, step 1 is left out)
+GRAD = {"none": {0: 2.0, 1: 4.0, 2: 1.0}, "sgt": {0: 3.0, 1: 8.0, 2: 2.5}}
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +63,8 @@ def synthetic_run(arm: str, seed: int, steps: int = 60) -> dict[str, list[tuple[
          "train/step_time_s": [(1, 100.0)] + [(k, STEP_S[arm][seed]) for k in range(2, steps + 1)],
          "train/a/update_time_s": [(1, 50.0)] + [(k, 4.0) for k in range(2, steps + 1)],
          "train/a/aux_loss_time_s": [(1, 50.0)] + [(k, 0.5 if arm == "sgt" else 0.0) for k in range(2, steps + 1)],
-         "train/a/compose_time_s": [(1, 50.0)] + [(k, 0.5) for k in range(2, steps + 1)]}
+         "train/a/compose_time_s": [(1, 50.0)] + [(k, 0.5) for k in range(2, steps + 1)],
+         "train/a/grad_norm": [(1, 100.0), (2, 0.0)] + [(k, GRAD[arm][seed]) for k in range(3, steps + 1)]}
     for part in ("x", "y"):
         for policy in ("a", "b"):
             s.setdefault(f"eval/{policy}/success_{part}", [(k, 0.1) for k in EVAL_STEPS if k <= steps])
@@ -189,3 +192,94 @@ def test_prp_weight_relative_variance_is_one_over_ess_minus_one_on_steps_with_un
     assert prp["weight_rel_var"] == pytest.approx((1.0 + 0.25) / 2)
     assert prp["log_ratio_abs_max"] == 3.0 and prp["thl_mass_moved"] == pytest.approx(0.2)
     assert math.isnan(real_arms.probe_numbers(s, "a")["xgrpo"]["baseline_shift"])
+
+
+def test_paired_second_evaluation_is_the_first_after_the_start(study):
+    _, result = study
+    r = row(result["tables"]["paired"], arm="sgt", policy="a", part="x")
+    # step 20, sgt - none per seed: 0.3 - 0.4, 0.5 - 0.6, 0.35 - 0.3
+    mean, half = ci([-0.1, -0.1, 0.05])
+    assert r["early_steps"] == [20]
+    assert r["sampled_early_diff"]["mean"] == pytest.approx(mean)
+    assert r["sampled_early_diff"]["ci95"] == pytest.approx(half)
+
+
+def test_gradient_rms_counts_steps_with_no_gradient_and_pairs_the_log_ratio(study):
+    _, result = study
+    g = row(result["tables"]["gradient"], arm="sgt", policy="a")
+    # steps 2..60: one 0 and 58 values g: RMS = g * sqrt(58 / 59)
+    assert g["rms"]["mean"] == pytest.approx((3.0 + 8.0 + 2.5) / 3 * math.sqrt(58 / 59))
+    assert g["zero_share"]["mean"] == pytest.approx(1 / 59)
+    # ratios 1.5, 2.0, 2.5 on the seeds: the geometric mean, the interval as a factor
+    logs = [math.log(1.5), math.log(2.0), math.log(2.5)]
+    mean, half = ci(logs)
+    assert g["rms_ratio"]["mean"] == pytest.approx(math.exp(mean)) == pytest.approx(7.5 ** (1 / 3))
+    assert g["rms_ratio"]["factor"] == pytest.approx(math.exp(half))
+    assert row(result["tables"]["gradient"], arm="none", policy="a")["rms_ratio"]["n"] == 0
+
+
+@pytest.mark.parametrize("st, expect, ratio, verdict", [
+    ({"mean": 0.2, "ci95": 0.1, "n": 3}, "+", False, "holds (interval above 0)"),
+    ({"mean": 0.2, "ci95": 0.3, "n": 3}, "+", False, "not shown (interval includes 0)"),
+    ({"mean": -0.2, "ci95": 0.1, "n": 3}, "+", False, "opposite (interval below 0)"),
+    ({"mean": 0.05, "ci95": 0.1, "n": 3}, "0", False, "consistent (interval includes 0)"),
+    ({"mean": 0.3, "ci95": 0.1, "n": 3}, "0", False, "does not hold (interval above 0)"),
+    ({"mean": -0.3, "ci95": 0.1, "n": 3}, ">=0", False, "does not hold (interval below 0)"),
+    ({"mean": -0.05, "ci95": 0.1, "n": 3}, ">=0", False, "consistent (interval includes 0)"),
+    ({"mean": 0.2, "ci95": 0.1, "n": 3}, ">=0", False, "holds (interval above 0)"),
+    ({"mean": 1.33, "factor": 1.28, "n": 3}, "-", True, "opposite (interval above 1)"),
+    ({"mean": 0.60, "factor": 2.23, "n": 3}, "-", True, "not shown (interval includes 1)"),
+    ({"mean": 0.5, "factor": 1.5, "n": 3}, "-", True, "holds (interval below 1)"),
+    ({"mean": 0.2, "ci95": math.nan, "n": 1}, "+", False, "one seed"),
+    ({"mean": math.nan, "ci95": math.nan, "n": 0}, "+", False, "no data"),
+])
+def test_a_claims_verdict_reads_the_interval_not_the_mean(st, expect, ratio, verdict):
+    spec = importlib.util.spec_from_file_location("real_claims_benchmark", SCRIPT.parent / "real_claims.py")
+    claims = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(claims)
+    assert claims.verdict(st, expect, ratio) == verdict
+    with pytest.raises(ValueError, match="expect='>'"):
+        claims.verdict(st, ">")
+
+
+def test_the_claims_table_reads_its_figures_from_the_tables_and_marks_arms_not_run(study):
+    _, result = study
+    rows = result["tables"]["claims"]
+    stable = row(rows, probe="sgt", claim="SGT keeps the strong part (stability)", policy="a")
+    harm = row(result["tables"]["harm"], arm="sgt", policy="a")
+    assert stable["stat"] == harm["sampled_diff"] and stable["expect"] == ">=0"
+    assert stable["verdict"] == "consistent (interval includes 0)"  # paired drops 0.05, 0.0, -0.1
+    size = row(rows, probe="sgt", claim="SGT's update variance is below plain GRPO's (proxy: gradient size)",
+               policy="a")
+    assert size["verdict"] == "opposite (interval above 1)"  # ratios 1.5, 2.0, 2.5
+    assert {r["verdict"] for r in rows if r["probe"] in ("prp", "xgrpo")} == {"not run"}
+    assert "## 6. The paper's claims" in result["text"] and "| prp | PRP pays THL residual | a |" in result["text"]
+
+
+def test_a_pair_is_compared_at_the_steps_both_runs_evaluated_not_by_position(real_arms):
+    # the arm missed its step-20 evaluation: its second point is step 40, the control's is step 20
+    mine = {0: [[0, 0.5], [40, 0.9], [60, 0.7]]}
+    theirs = {0: [[0, 0.5], [20, 0.6], [40, 0.9], [60, 0.6]]}
+    assert real_arms.paired_stat(mine, theirs, real_arms.early)["mean"] == pytest.approx(0.0)  # both at step 40
+    assert real_arms.paired_stat(mine, theirs, real_arms.worst_drop)["mean"] == pytest.approx(0.2 - 0.1)
+
+
+def test_a_run_with_no_gradient_on_any_step_has_no_ratio_and_does_not_stop_the_table(tmp_path, real_arms):
+    for arm in ("none", "sgt"):
+        for seed in (0, 1):
+            s = synthetic_run(arm, seed)
+            if arm == "sgt" and seed == 0:
+                s["train/a/grad_norm"] = [(k, 0.0) for k in range(1, 61)]
+            write_run(tmp_path, arm, seed, s)
+    result = real_arms.compare(tmp_path, plot=False)
+    g = row(result["tables"]["gradient"], arm="sgt", policy="a")
+    assert g["rms_ratio"]["n"] == 1 and g["rms_ratio"]["mean"] == pytest.approx(8.0 / 4.0)  # seed 1 only
+    assert g["zero_share"]["mean"] == pytest.approx((1.0 + 1 / 59) / 2)
+
+
+def test_a_claim_read_from_an_unfinished_run_is_marked(study, real_arms):
+    root, _ = study
+    result = real_arms.compare(root, include_unfinished=True, plot=False)
+    size = row(result["tables"]["claims"], probe="sgt", policy="a",
+               claim="SGT's update variance is below plain GRPO's (proxy: gradient size)")
+    assert size["verdict"].endswith(" *")
