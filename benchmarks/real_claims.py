@@ -134,6 +134,11 @@ def claims(t: dict, setup: dict, roles, cell, ratio_cell, control: str = "none")
             add(arm, claim, p, f"grad norm RMS, {arm} / {control}, paired", number("gradient", arm, p, "rms_ratio"),
                 expect, ratio=True)
 
+    def own(probe, claims_of):  # the probe's own positive quantities: (claim, quantity, key of its table)
+        for p in policies:
+            for claim, quantity, key in claims_of:
+                add(probe, claim, p, f"(own) {quantity}", number(probe, probe, p, key), "+")
+
     # SGT (docs/probes.md): rescue-set support at low variance, within about 20 steps
     support("sgt", "SGT adds support where the receiver's own group fails", "+")
     for p, part in weak:
@@ -147,23 +152,17 @@ def claims(t: dict, setup: dict, roles, cell, ratio_cell, control: str = "none")
     stable("sgt", "SGT keeps the strong part (stability)")
     # PRP, is_mode truncate as shipped (callbacks/prp.yaml): no support; pays ratio variance and THL residual
     support("prp", "PRP with is_mode truncate adds no support", "0")
-    for p in policies:
-        add("prp", "PRP pays density-ratio variance", p,
-            "(own) uncapped importance weights' Var(w) / mean(w)^2 (1/ESS - 1)",
-            number("prp", "prp", p, "weight_rel_var_raw"), "+")
-        add("prp", "PRP pays THL residual", p, "(own) share of pooled log-prob mass THL moved inside chunks",
-            number("prp", "prp", p, "thl_mass_moved"), "+")
+    own("prp", [("PRP pays density-ratio variance", "uncapped importance weights' Var(w) / mean(w)^2 (1/ESS - 1)",
+                 "weight_rel_var_raw"),
+                ("PRP pays THL residual", "share of pooled log-prob mass THL moved inside chunks", "thl_mass_moved")])
     gradient("prp", "PRP pays in update variance (proxy: gradient size)", "+")
     # XGRPO: stable, no support outside its own, a signal where GRPO's group has none
     gradient("xgrpo", "XGRPO stays stable (proxy: gradient size as none's)", "0")
     stable("xgrpo", "XGRPO stays stable (strong part)")
     support("xgrpo", "XGRPO adds no support outside its own", "0")
-    for p in policies:
-        add("xgrpo", "An own zero-variance group with differing peers gets a signal (all-fail: negative)", p,
-            "(own) share of own zero-variance groups given a non-zero advantage",
-            number("xgrpo", "xgrpo", p, "zero_var_signal_share"), "+")
-        add("xgrpo", "XGRPO changes the baseline", p, "(own) mean abs(b - own mean) (reward units)",
-            number("xgrpo", "xgrpo", p, "baseline_shift"), "+")
+    own("xgrpo", [("An own zero-variance group with differing peers gets a signal (all-fail: negative)",
+                   "share of own zero-variance groups given a non-zero advantage", "zero_var_signal_share"),
+                  ("XGRPO changes the baseline", "mean abs(b - own mean) (reward units)", "baseline_shift")])
     return rows
 
 
