@@ -92,11 +92,11 @@ def claims(t: dict, setup: dict, roles, cell, ratio_cell, control: str = "none")
     late = {r["arm"] for r in t["cost"] if r["unfinished"]}
     rows: list[dict] = []
 
-    def add(probe, claim, policy, quantity, st, expect, figure=None, ratio=False):
-        own = quantity.startswith("(own)")
+    def add(probe, claim, policy, quantity, st, expect, figure=None, ratio=False, own=False):
+        """One row; ``own``: the probe's own quantity (no control needed), else paired with the control."""
         ran = probe in arms and (control in arms or own)
         mark = " *" if probe in late or (control in late and not own) else ""
-        rows.append({"probe": probe, "claim": claim, "policy": policy, "quantity": quantity.removeprefix("(own) "),
+        rows.append({"probe": probe, "claim": claim, "policy": policy, "quantity": quantity,
                      "expect": expect, "ratio": ratio, "stat": st if ran else EMPTY,
                      "figure": (figure or (ratio_cell(st) if ratio else cell(st, signed=not own)))
                      if ran else "-",
@@ -137,7 +137,7 @@ def claims(t: dict, setup: dict, roles, cell, ratio_cell, control: str = "none")
     def own(probe, claims_of):  # the probe's own positive quantities: (claim, quantity, key of its table)
         for p in policies:
             for claim, quantity, key in claims_of:
-                add(probe, claim, p, f"(own) {quantity}", number(probe, probe, p, key), "+")
+                add(probe, claim, p, quantity, number(probe, probe, p, key), "+", own=True)
 
     # SGT (docs/probes.md): rescue-set support at low variance, within about 20 steps
     support("sgt", "SGT adds support where the receiver's own group fails", "+")
