@@ -532,18 +532,44 @@ def _finite(obj):
     return str(obj) if isinstance(obj, Path) else obj
 
 
+def read_walls(path: Path) -> dict[str, float]:
+    """``walls.json``: ``"<arm>/seed<k>"`` -> seconds of ``mrl fit`` ({} when the file is absent).
+
+    Raises:
+        ValueError: the file is not a JSON object of numbers (names the file).
+    """
+    if not path.exists():
+        return {}
+    try:
+        walls = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); delete it to compare without wall times") from None
+    if not isinstance(walls, dict) or not all(isinstance(v, (int, float)) for v in walls.values()):
+        raise ValueError(f"{path} must map \"<arm>/seed<k>\" to seconds (numbers); delete it to compare "
+                         "without wall times")
+    return walls
+
+
 def compare(out: Path, include_unfinished: bool = False, control: str = "none", plot: bool = True) -> dict:
     """Read the runs under ``out``, write comparison.md / .json and curves.png; return what was written.
 
     Raises:
-        FileNotFoundError: no run folder to read, or one without its ``config.yaml``.
-        ValueError: runs with different policies, strong parts or held-out parts (not one study).
+        FileNotFoundError: ``out`` does not exist, holds no run folder to read, or one without its ``config.yaml``.
+        ValueError: runs with different policy names, strong parts or held-out parts (not one study; the
+            policies' models and hyperparameters are not compared), ``control`` has no run, a finished run
+            logged no evaluation, or ``walls.json`` is not an object of seconds.
     """
+    if not out.is_dir():
+        raise FileNotFoundError(f"--out {out} does not exist: give the study folder benchmarks/real_pair.py wrote")
     runs = find_runs(out, include_unfinished)
     if not runs:
-        hint = "" if include_unfinished else " (none finished yet: --include-unfinished reads partial runs)"
+        hint = "" if include_unfinished else " (none finished yet? --include-unfinished reads partial runs)"
         raise FileNotFoundError(f"no <arm>/seed<k> run folder to read under {out}{hint}")
-    walls = json.loads((out / "walls.json").read_text()) if (out / "walls.json").exists() else {}
+    arms = sorted({r["arm"] for r in runs})
+    if control not in arms:
+        raise ValueError(f"--control {control!r} has no run under {out} (arms found: {', '.join(arms)}): "
+                         "name one of them")
+    walls = read_walls(out / "walls.json")
     setup = None
     for run in runs:
         mine = read_setup(run["path"])
@@ -551,7 +577,11 @@ def compare(out: Path, include_unfinished: bool = False, control: str = "none", 
             raise ValueError(f"{run['path']} was run with {mine}, the runs before it with {setup}: compare runs "
                              "of one study (the same config apart from the probe and the seed)")
         setup = mine
-        run.update(run_numbers(read_scalars(run["path"]), setup))
+        scalars = read_scalars(run["path"])
+        if run["finished"] and not any(tag.startswith("eval/") for tag in scalars):
+            raise ValueError(f"{run['path']} logged no evaluation (no eval/ scalars in its events file): the "
+                             "tables compare held-out success; was it run with trainer.eval_every_n_steps 0?")
+        run.update(run_numbers(scalars, setup))
         run["wall_s"] = float(walls.get(f"{run['arm']}/seed{run['seed']}", math.nan))
     tables = summarize(runs, setup, control)
     text = markdown(tables, runs, setup, control)

@@ -283,3 +283,26 @@ def test_a_claim_read_from_an_unfinished_run_is_marked(study, real_arms):
     size = row(result["tables"]["claims"], probe="sgt", policy="a",
                claim="SGT's update variance is below plain GRPO's (proxy: gradient size)")
     assert size["verdict"].endswith(" *")
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "does not exist"),
+    ("control", "--control 'rescue' has no run"),
+    ("no_eval", "logged no evaluation"),
+    ("walls_list", "walls.json must map"),
+    ("walls_text", "walls.json is not valid JSON"),
+])
+def test_bad_input_is_refused_in_one_line_before_anything_is_written(tmp_path, real_arms, case, message):
+    root = tmp_path / "study"
+    control = "rescue" if case == "control" else "none"
+    if case != "missing":
+        for arm in ("none", "sgt"):
+            s = synthetic_run(arm, 0)
+            if case == "no_eval" and arm == "sgt":
+                s = {tag: v for tag, v in s.items() if not tag.startswith("eval/")}
+            write_run(root, arm, 0, s)
+        if case.startswith("walls"):
+            (root / "walls.json").write_text("[1, 2]" if case == "walls_list" else '{"none": [1,2')
+    with pytest.raises((ValueError, FileNotFoundError), match=message.replace("(", r"\(")):
+        real_arms.compare(root, control=control, plot=False)
+    assert not (root / "comparison.md").exists()
