@@ -49,6 +49,28 @@ from mrl_lightning.thl import prepare
 SERVICE_PROVIDERS = {"exchange": "mrl_lightning.callbacks.SharedExperienceExchange"}
 
 
+class InContext:
+    """A trainer counter that lives in its hooks' context (``trainer.ctx``), so hooks read it there."""
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, trainer, owner=None):
+        return self if trainer is None else getattr(trainer.ctx, self.name)
+
+    def __set__(self, trainer, value: int) -> None:
+        setattr(trainer.ctx, self.name, value)
+
+
+def exchange_step(ctx) -> int:
+    """The step probes query the exchange at: ``ctx.exchange_step`` (the batch trained), or ``ctx.rollout_step``
+    for a context without one (docs/mwra.md, "Pace")."""
+    return getattr(ctx, "exchange_step", ctx.rollout_step)
+
+
 @dataclass
 class HookContext:
     """What every hook is handed about the run; the loop keeps it current.
@@ -64,6 +86,8 @@ class HookContext:
         print: Prints once (rank 0) to the console.
         global_step: Training steps done.
         rollout_step: Rollout phases done (the step a record of this step carries).
+        max_lag: ``trainer.max_lag``: a step trains the batch sampled this many steps before (docs/mwra.md, "Pace").
+        trained_batch: With a lag, the batch this step trains (None in lockstep: the one it sampled).
         services: Services provided by callbacks, by name (``"exchange"``: the SEE buffer).
     """
 
@@ -76,7 +100,15 @@ class HookContext:
     print: Callable[..., None] = print
     global_step: int = 0
     rollout_step: int = 0
+    max_lag: int = 0
+    trained_batch: int | None = None
     services: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def exchange_step(self) -> int:
+        """The batch this step trains, whose records are the exchange's newest: probes query with it and
+        their staleness windows count from it; ``rollout_step`` in lockstep (docs/mwra.md, "Pace")."""
+        return self.rollout_step if self.trained_batch is None else self.trained_batch
 
     @property
     def exchange(self):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mrl_lightning.callbacks.base import MRLCallback
+from mrl_lightning.callbacks.base import MRLCallback, exchange_step
 from mrl_lightning.callbacks.rescue_control import note_rescue_control
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.exchange import SuccessRecord
@@ -64,7 +64,7 @@ class NoSharing(MRLCallback):
         if "exchange" not in services:  # no exchange listed: no control
             return
         items = batch.scored.items
-        records = services["exchange"].query(SuccessRecord, receiver=name, step=ctx.rollout_step,
+        records = services["exchange"].query(SuccessRecord, receiver=name, step=exchange_step(ctx),
                                              prompt_ids=[x.prompt_id for x in items], max_staleness=self.max_staleness)
         peer: dict[str, list[str]] = {}
         for rec in records:

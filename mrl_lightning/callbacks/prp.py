@@ -54,7 +54,7 @@ import torch
 from torch import Tensor
 
 from mrl_lightning.update.batch import AuxiliaryLoss
-from mrl_lightning.callbacks.base import MRLCallback, prepare_thl
+from mrl_lightning.callbacks.base import MRLCallback, exchange_step, prepare_thl
 from mrl_lightning.callbacks.xgrpo import advantage_probe_note
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.exchange import RolloutRecord
@@ -277,7 +277,7 @@ class PeerRolloutPooling(MRLCallback):
         tag = f"probe/prp/{name}"
         scored, tok = batch.scored, policy.tokenizer
         prompt_ids = [x.prompt_id for x in scored.items]
-        records = ctx.exchange.query(RolloutRecord, receiver=name, step=ctx.rollout_step,
+        records = ctx.exchange.query(RolloutRecord, receiver=name, step=exchange_step(ctx),
                                          prompt_ids=prompt_ids, max_staleness=self.max_staleness)
         chosen = self.select(records, system)
         rows = torch.isfinite(scored.rewards).all(dim=1)

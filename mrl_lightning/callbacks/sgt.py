@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from mrl_lightning.callbacks.base import MRLCallback, prepare_thl
+from mrl_lightning.callbacks.base import MRLCallback, exchange_step, prepare_thl
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.exchange import RolloutRecord, SuccessRecord
 from mrl_lightning.probes.ledger import RescueLedger, merge_ledger_states
@@ -227,7 +227,7 @@ class SuccessGatedTransfer(MRLCallback):
                 if bool(own[b].any()):
                     solved_now.add(item.prompt_id)
         prompt_ids = [x.prompt_id for x in items]
-        records = ctx.exchange.query(SuccessRecord, receiver=name, step=ctx.rollout_step,
+        records = ctx.exchange.query(SuccessRecord, receiver=name, step=exchange_step(ctx),
                                          prompt_ids=prompt_ids, max_staleness=self.max_staleness)
         peer: dict[str, list[str]] = {}
         source_of: dict[tuple[str, str], str] = {}
@@ -299,7 +299,7 @@ class SuccessGatedTransfer(MRLCallback):
         """
         name = policy.policy_name
         state = self.bound_state.setdefault(name, {"level": None, "reference": None})
-        index = ctx.rollout_step - 1  # the loop counts the rollout phase before the compose; bounds count from 0
+        index = getattr(ctx, "global_step", ctx.rollout_step - 1)  # updates before this one; bounds count from 0
         if self.bound.low is not None:
             strong = getattr(policy, "strong_parts", None) or []
             rows = [b for b, item in enumerate(batch.scored.items) if item.part in strong]

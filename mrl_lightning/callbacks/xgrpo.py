@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import torch
 
-from mrl_lightning.callbacks.base import MRLCallback
+from mrl_lightning.callbacks.base import MRLCallback, exchange_step
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.exchange import GroupStatsRecord
 from mrl_lightning.metrics import Max, Mean, Sum
@@ -153,7 +153,7 @@ class CrossPolicyAdvantage(MRLCallback):
 
     def peer_records(self, ctx, receiver: str, prompt_ids: list[str]) -> list[GroupStatsRecord]:
         """Newest GroupStatsRecord per (prompt, peer) within the staleness window (``ctx.exchange``)."""
-        records = ctx.exchange.query(GroupStatsRecord, receiver=receiver, step=ctx.rollout_step,
+        records = ctx.exchange.query(GroupStatsRecord, receiver=receiver, step=exchange_step(ctx),
                                          prompt_ids=prompt_ids, max_staleness=self.max_staleness)
         newest: dict[tuple[str, str], GroupStatsRecord] = {}
         for rec in records:  # publication order: on a tie in step the later record wins

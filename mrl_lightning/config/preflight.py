@@ -57,7 +57,8 @@ def trainer_errors(*, max_steps: int = 1000, log_every_n_steps: int = 10, eval_e
                    keep_checkpoints: int = 2, devices: int = 1, num_nodes: int = 1, eval_num_generations: int = 8,
                    checkpoint_every_n_steps: int = 500, num_threads: int | None = None, strategy: str = "auto",
                    placement: str = "auto", collective_timeout_s: float = 1800.0, accelerator: str = "auto",
-                   version: int | str | None = None, num_sample_completions: int = 4, **_: Any) -> list[str]:
+                   version: int | str | None = None, num_sample_completions: int = 4, max_lag: int = 0,
+                   **_: Any) -> list[str]:
     """Problems of :class:`~mrl_lightning.loop.trainer.MRLTrainer`'s own values (its defaults here too), all at once.
 
     Needs nothing built: ``mrl fit`` runs it on the parsed ``trainer`` section before it
@@ -67,8 +68,8 @@ def trainer_errors(*, max_steps: int = 1000, log_every_n_steps: int = 10, eval_e
     errors = []
     for key, value in (("max_steps", max_steps), ("log_every_n_steps", log_every_n_steps),
                        ("eval_every_n_steps", eval_every_n_steps), ("keep_checkpoints", keep_checkpoints),
-                       ("devices", devices), ("num_nodes", num_nodes)):
-        low, zero = (0, " (0 = no evaluation)") if key == "eval_every_n_steps" else (1, "")  # docs/loop.md
+                       ("devices", devices), ("num_nodes", num_nodes), ("max_lag", max_lag)):
+        low, zero = {"eval_every_n_steps": (0, " (0 = no evaluation)"), "max_lag": (0, " (0 = lockstep)")}.get(key, (1, ""))
         if not isinstance(value, int) or value < low:
             errors.append(f"trainer.{key}={value!r} must be an integer >= {low}{zero}; e.g. --trainer.{key} {low + 1}.")
     for key, value, zero in (("num_sample_completions", num_sample_completions, " (0 = no completions logged as text)"),

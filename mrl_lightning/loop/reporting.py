@@ -295,3 +295,27 @@ def eval_summary(metrics: dict[str, float], full_up_to: int = 3) -> str:
             entries.append(" ".join(words))
     line = " | ".join(entries)
     return f"strong/weak (greedy weak): {line}" if compact else line
+
+
+def evaluate_step(trainer, model, datamodule) -> None:
+    """Evaluate every policy ``trainer`` runs on this rank at its ``global_step``: log the scalars and the sample
+    completions (rank 0), hand them to ``on_eval_end``, print the one-line summary (docs/loop.md, "Evaluation")."""
+    from mrl_lightning.mwra.process import release_free_memory
+    from mrl_lightning.update.policy_update import sampling_precision
+
+    w, step = trainer.workers, trainer.global_step
+    with w.phase("eval"):
+        def seed(name: str, part: str, *position: int) -> int:  # position: the prompt's place in the part
+            return stream_seed(trainer._run_seed(), name, "eval", step, part, *position)
+
+        with sampling_precision(trainer.fabric, [model.policies[name] for name in w.local_policies]):
+            metrics, samples = evaluate_on_workers(model, datamodule.eval_items(), w, trainer.num_sample_completions,
+                                                   trainer.eval_num_generations, seed)
+        release_free_memory()
+    trainer.last_eval = metrics
+    trainer.fabric.call("on_eval_end", trainer.ctx, model, metrics)
+    trainer.fabric.log_dict(metrics, step=step)
+    if trainer.is_global_zero:
+        for name, text in samples:
+            trainer.logger.experiment.add_text(f"samples/{name}", text, global_step=step)
+    trainer.print(f"[eval] step {step}: {eval_summary(metrics)}")

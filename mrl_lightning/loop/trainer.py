@@ -32,40 +32,25 @@ import torch
 from lightning.fabric.loggers import TensorBoardLogger
 
 from mrl_lightning.builders import build_on_rank
-from mrl_lightning.callbacks.base import HookContext, MRLCallback, collect_services
+from mrl_lightning.callbacks.base import HookContext, InContext, MRLCallback, collect_services
 from mrl_lightning.loop.dynamic_sampling import extra_samples, sample_until_full
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.lifeline import is_launched_worker
-from mrl_lightning.metrics import Global, Max, window_reduce
+from mrl_lightning.metrics import Global
 from mrl_lightning.mwra import Workers, devices_present, resolve_devices, stream_seed
 from mrl_lightning.mwra.plan import slow_cpu_bf16_line
 from mrl_lightning.mwra.process import peak_memory_gib, release_free_memory
 from mrl_lightning.objectives.aux_share import term_names
 from mrl_lightning.config.preflight import check_before_build, make_fabric, trainer_errors
+from mrl_lightning.loop.pace import Pace, check_resume_lag, lag_errors, step_wait_metrics
 from mrl_lightning.loop.progress import RunProgress, done_line, interrupted_line
-from mrl_lightning.loop.reporting import eval_summary, evaluate_on_workers, rollout_metrics
+from mrl_lightning.loop.reporting import evaluate_step, rollout_metrics
 from mrl_lightning.run.state import (complete_run_line, restore_run_checkpoint, save_run_checkpoint,
                                           write_run_files)
 from mrl_lightning.run.stop import StopContext
 from mrl_lightning.update.policy_update import mark_for_rescoring, new_train_batch, policy_update, sampling_precision
 
 FULL_PRECISION = ("32-true", "32", "64-true", "64")
-
-
-class _InContext:
-    """A trainer counter that lives in its hooks' context (``trainer.ctx``), so hooks read it there."""
-
-    def __init__(self, doc: str) -> None:
-        self.__doc__ = doc
-
-    def __set_name__(self, owner, name: str) -> None:
-        self.name = name
-
-    def __get__(self, trainer, owner=None):
-        return self if trainer is None else getattr(trainer.ctx, self.name)
-
-    def __set__(self, trainer, value: int) -> None:
-        setattr(trainer.ctx, self.name, value)
 
 
 class MRLTrainer:
@@ -107,6 +92,9 @@ class MRLTrainer:
             workers.
         version: Run folder name suffix; None = next free ``version_<n>``.
         seed: Run seed of the sampling streams; None = the CLI's ``seed_everything``.
+        max_lag: Steps a policy may run ahead of its peers (docs/mwra.md, "Pace"): at step s every
+            policy reads the exchange records of step s - max_lag, so no rank waits at the exchange
+            or for the logger until it is that far ahead; 0 = lockstep (every policy reads step s).
 
     Raises:
         ConfigError: invalid values (all at once), an accelerator this machine does not have, or a
@@ -137,20 +125,22 @@ class MRLTrainer:
         num_threads: int | None = None,
         version: int | str | None = None,
         seed: int | None = None,
+        max_lag: int = 0,
     ) -> None:
         errors = trainer_errors(max_steps=max_steps, log_every_n_steps=log_every_n_steps,
                                 eval_every_n_steps=eval_every_n_steps, keep_checkpoints=keep_checkpoints,
                                 devices=devices, num_nodes=num_nodes, eval_num_generations=eval_num_generations,
                                 checkpoint_every_n_steps=checkpoint_every_n_steps, num_threads=num_threads,
                                 strategy=strategy, placement=placement, collective_timeout_s=collective_timeout_s,
-                                accelerator=accelerator, num_sample_completions=num_sample_completions)
+                                accelerator=accelerator, num_sample_completions=num_sample_completions,
+                                max_lag=max_lag)
         if errors:
             raise ConfigError("Invalid trainer config:\n  - " + "\n  - ".join(errors))
         fit = resolve_devices(accelerator, devices, placement, strategy, devices_present(), num_nodes, policy_ranks)
         if isinstance(fit, str):  # more GPUs asked than present, and the config's placement needs them
             raise ConfigError(fit)
         devices, placement, self.devices_note = fit.devices, fit.placement, fit.note  # docs/mwra.md, "One GPU"
-        self.max_steps = max_steps
+        self.max_steps, self.max_lag = max_steps, max_lag
         self.callbacks: list[MRLCallback] = list(callbacks or [])
         self.log_every_n_steps, self.eval_every_n_steps = log_every_n_steps, eval_every_n_steps
         self.checkpoint_every_n_steps, self.keep_checkpoints = checkpoint_every_n_steps, keep_checkpoints
@@ -168,15 +158,15 @@ class MRLTrainer:
                                                                     str(precision)))
         if slow and self.fabric.global_rank == 0 and not is_launched_worker():  # once, before any model is built
             warnings.warn(slow, stacklevel=2)
-        self.ctx = HookContext(callbacks=self.callbacks, fabric=self.fabric, print=self.print)
+        self.ctx = HookContext(callbacks=self.callbacks, fabric=self.fabric, print=self.print, max_lag=max_lag)
         self.workers: Workers | None = None
         self.samples_seen, self.optimizer_steps = 0, {}  # completions sampled (all ranks); per policy
         self.config_text: str | None = None
         self.last_eval: dict[str, float] = {}
         self._modules: dict[str, tuple[Any, Any]] = {}
 
-    global_step = _InContext("Training steps done (``ctx.global_step``).")
-    rollout_step = _InContext("Rollout phases done (``ctx.rollout_step``).")
+    global_step = InContext("Training steps done (``ctx.global_step``).")
+    rollout_step = InContext("Rollout phases done (``ctx.rollout_step``).")
 
     # ------------------------------------------------------- LightningCLI contract
     @property
@@ -253,17 +243,22 @@ class MRLTrainer:
         if complete is not None:  # a requeued job of a finished run: nothing built, no run folder made
             self.print(complete)
             return
+        if lag_errors(self.max_lag, model.policies):  # before anything is built, like check_before_build's
+            raise ConfigError("Invalid trainer config:\n  - " + "\n  - ".join(lag_errors(self.max_lag, model.policies)))
         try:
             checked = check_before_build(self, model, datamodule, ckpt_path)
         except ConfigError as exc:  # say that the devices were lowered, if they were
             raise (ConfigError(f"{exc}\n  ({self.devices_note})") if self.devices_note else exc) from exc.__cause__
         checkpoint = checked.checkpoint
+        if checkpoint is not None:  # what each step reads depends on max_lag: refused before any model is built
+            check_resume_lag(checkpoint.get("counters", {}), self.max_lag, ckpt_path)
         torch.set_num_threads(checked.threads)
         self.fabric.launch()
         watch = self._watch()
         if watch is not None:  # what the watch prints if Ctrl-C cannot reach a blocked main thread
             watch.interrupted_line = lambda: self._stop_context(watch).interrupted_line()
         self.workers = w = Workers(checked.placement, self.fabric.global_rank, self.collective_timeout_s)
+        w.pace = self.pace = Pace(w, self.max_lag, self.collective_timeout_s)
         self.logger._version = w.broadcast_from_zero(self.logger.version, "run folder")
         self.ctx.workers, self.ctx.log_dir, self.ctx.is_global_zero = w, self.log_dir, self.is_global_zero
         self.print("Resource plan (MWRA):\n" + (f"{self.devices_note}\n" if self.devices_note else "") + checked.plan_text)
@@ -283,10 +278,10 @@ class MRLTrainer:
         self.print(f"Run folder: {self.log_dir}")
         self.fabric.call("on_fit_start", self.ctx, model)
         if self.global_step == 0 and self.eval_every_n_steps:
-            self._evaluate(model, datamodule)
+            evaluate_step(self, model, datamodule)
         self._loop(model, datamodule)
         if self.eval_every_n_steps and self.global_step % self.eval_every_n_steps:
-            self._evaluate(model, datamodule)
+            evaluate_step(self, model, datamodule)
         self.save_checkpoint(model, datamodule)
         self.fabric.call("on_fit_end", self.ctx, model)
         self.logger.finalize("success")
@@ -307,24 +302,29 @@ class MRLTrainer:
         with RunProgress(self.max_steps, self.global_step, enabled=show) as progress:
             while self.global_step < self.max_steps:
                 metrics = self.training_step(model, datamodule)
+                if metrics is None:  # with a lag, a step that only sampled (the first max_lag)
+                    continue
                 window.append(metrics)
                 shown.update(metrics)
                 if self.global_step % self.log_every_n_steps == 0:
-                    # Ranks meet once per log window, not once per step: one synchronization fewer per step.
+                    # Ranks meet once per log window, not once per step (and with a lag, not at all: pace.py).
                     with self.workers.phase("metrics"):
-                        logged = window_reduce(self.workers.gather_metrics(window))
-                    self.fabric.log_dict(logged, step=self.global_step)
-                    shown.update(logged)
+                        ready = self.pace.log_window(self.global_step, window)
+                    for step, logged in ready:
+                        self.fabric.log_dict(logged, step=step)
+                        shown.update(logged)
                     window = []
                 progress.update(self.global_step, shown, self.last_eval)
                 if self.eval_every_n_steps and self.global_step % self.eval_every_n_steps == 0:
-                    self._evaluate(model, datamodule)
+                    evaluate_step(self, model, datamodule)
                     progress.update(self.global_step, shown, self.last_eval)
                 if self.checkpoint_every_n_steps and self.global_step % self.checkpoint_every_n_steps == 0 \
                         and self.global_step < self.max_steps:
                     self.save_checkpoint(model, datamodule)
+            for step, logged in self.pace.flush():  # rank 0, with a lag: the windows of the last steps
+                self.fabric.log_dict(logged, step=step)
 
-    def training_step(self, model, datamodule) -> dict[str, float]:
+    def training_step(self, model, datamodule) -> dict[str, float] | None:
         """One training step of every policy this rank runs (docs/loop.md); returns this rank's scalars of it.
 
         Rollouts (this rank's shard, per policy; a ``filter_groups`` policy's extra generation
@@ -332,12 +332,37 @@ class MRLTrainer:
         rollouts) -> per policy: plain GRPO advantages, ``on_compose_batch`` (every group), the
         kept groups only, the group's normalizers and term names, the update
         (:func:`mrl_lightning.update.policy_update.policy_update`); docs/architecture.md has the order.
+        With ``max_lag`` L > 0 it samples the next batch and trains the one sampled L batches before
+        (:class:`~mrl_lightning.loop.pace.Pace`); None for a step that only sampled.
         """
         w = self.workers
-        start = time.perf_counter()
+        start, before = time.perf_counter(), w.take_waits()  # before: the last log step's metric gather, ...
+        metrics: dict[str, float] = {}
+        sampled = self._sample(model, datamodule, metrics) if self.rollout_step < self.max_steps else None
+        train = self.pace.queue(self.rollout_step, self.max_steps, sampled)
+        if self.max_lag:  # the exchange's clock: the batch trained (lockstep: the batch sampled)
+            self.ctx.trained_batch = train if train is not None else max(self.rollout_step - self.max_lag, 0)
+        with w.phase("exchange"):
+            t0 = time.perf_counter()
+            self.fabric.call("on_rollouts_end", self.ctx, model, sampled[0] if sampled else {})
+            metrics["train/exchange_time_s"] = time.perf_counter() - t0
+        if train is None:
+            return None
+        scored, keep = self.pace.take(train, metrics)
+        self._train(model, scored, keep, metrics)
+        metrics["train/step_time_s"] = time.perf_counter() - start
+        metrics.update(step_wait_metrics(w.local_policies, before, w.take_waits(), metrics["train/step_time_s"],
+                                         peak_memory_gib(self.fabric.device), self.pace))
+        metrics["train/samples_seen"] = Global(self.samples_seen)
+        self.fabric.call("on_train_step_end", self.ctx, model, metrics)
+        return metrics
+
+    def _sample(self, model, datamodule, metrics: dict[str, float]) -> tuple[dict, dict]:
+        """The next batch's rollouts of this rank's policies, scored: ``({policy: ScoredRollouts}, {policy: kept})``."""
+        w = self.workers
         items = datamodule.next_batch()
-        scored, metrics, keep, extra = {}, {}, {}, {}
-        with w.phase("rollout", self.global_step + 1):
+        scored, keep, extra = {}, {}, {}
+        with w.phase("rollout", self.rollout_step + 1):
             for name in w.local_policies:
                 t0 = time.perf_counter()
                 policy = model.policies[name]
@@ -363,10 +388,11 @@ class MRLTrainer:
         self.samples_seen += sum(len(items) * p.num_generations for p in model.policies.values())
         if any(p.filter_groups for p in model.policies.values()):
             self.samples_seen += extra_samples(w, extra, dict(model.policies))
-        with w.phase("exchange"):
-            t0 = time.perf_counter()
-            self.fabric.call("on_rollouts_end", self.ctx, model, scored)
-            metrics["train/exchange_time_s"] = time.perf_counter() - t0
+        return scored, keep
+
+    def _train(self, model, scored: dict, keep: dict, metrics: dict[str, float]) -> None:
+        """Compose and update every policy this rank runs on ``scored``; count the step."""
+        w = self.workers
         for name in w.local_policies:
             t0 = time.perf_counter()
             policy = model.policies[name]
@@ -395,34 +421,9 @@ class MRLTrainer:
         self.global_step += 1
         for name, policy in model.policies.items():  # every policy attempts its steps, on whichever ranks run it
             self.optimizer_steps[name] += policy.num_iterations
-        waited, peak = w.take_wait_s(), peak_memory_gib(self.fabric.device)
-        for name in w.local_policies:
-            metrics[f"mwra/{name}/wait_s"], metrics[f"mwra/{name}/peak_memory_gib"] = waited, Max(peak)
-        metrics["train/step_time_s"] = time.perf_counter() - start
-        metrics["train/samples_seen"] = Global(self.samples_seen)
-        self.fabric.call("on_train_step_end", self.ctx, model, metrics)
-        return metrics
 
     def _run_seed(self) -> int:
         return int(self.seed) if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
-
-    def _evaluate(self, model, datamodule) -> None:
-        w = self.workers
-        with w.phase("eval"):
-            def seed(name: str, part: str, *position: int) -> int:  # position: the prompt's place in the part
-                return stream_seed(self._run_seed(), name, "eval", self.global_step, part, *position)
-
-            with sampling_precision(self.fabric, [model.policies[name] for name in w.local_policies]):
-                metrics, samples = evaluate_on_workers(model, datamodule.eval_items(), w,
-                                                       self.num_sample_completions, self.eval_num_generations, seed)
-            release_free_memory()
-        self.last_eval = metrics
-        self.fabric.call("on_eval_end", self.ctx, model, metrics)
-        self.fabric.log_dict(metrics, step=self.global_step)
-        if self.is_global_zero:
-            for name, text in samples:
-                self.logger.experiment.add_text(f"samples/{name}", text, global_step=self.global_step)
-        self.print(f"[eval] step {self.global_step}: {eval_summary(metrics)}")
 
     # ---------------------------------------------------------------- checkpoints
     def save_checkpoint(self, model, datamodule) -> Path:
@@ -430,6 +431,8 @@ class MRLTrainer:
         (:func:`mrl_lightning.run.state.save_run_checkpoint`)."""
         counters = {"global_step": self.global_step, "rollout_step": self.rollout_step,
                     "samples_seen": self.samples_seen, "optimizer_steps": dict(self.optimizer_steps)}
+        with self.workers.phase("checkpoint"):
+            counters.update(self.pace.counters())  # a lag's records still to be read
         with self.workers.phase("checkpoint"):
             return save_run_checkpoint(Path(self.log_dir) / "checkpoints", self.global_step, workers=self.workers,
                                        policies=dict(model.policies), callbacks=self.callbacks,
@@ -444,3 +447,4 @@ class MRLTrainer:
                                    note=self.print)
         self.global_step, self.rollout_step, self.samples_seen = c["global_step"], c["rollout_step"], c["samples_seen"]
         self.optimizer_steps = dict(c["optimizer_steps"])
+        self.pace.load(c)

@@ -16,7 +16,10 @@ with one process every call returns at once. Each collective is timed (``wait_s`
 blocked, so a starved or slow worker shows) and a collective that fails or waits past the
 timeout raises :class:`WorkerError` naming this rank, the phase and the step, so a run
 never hangs silently. :meth:`phase` wraps the loop's phases so that an error raised by
-this rank's own code names the rank and phase too.
+this rank's own code names the rank and phase too. With ``trainer.max_lag`` > 0 the exchange
+and the step metrics go through the process group's key-value store instead of a collective
+(:mod:`mrl_lightning.loop.pace`), so no rank waits for another there until it is ``max_lag``
+steps ahead.
 """
 
 from __future__ import annotations
@@ -92,7 +95,8 @@ class Workers:
         self.local_policies = placement.policies_on(rank)
         self.phase_name, self.step = "setup", 0
         self.stopped_in: tuple[str, int] | None = None  # (phase, step) the run stopped in, once it has
-        self.wait_s = 0.0
+        self.pace = None  # the lagged exchange (mrl_lightning.loop.pace.Pace), set by the loop
+        self.wait_s: dict[str, float] = {}  # seconds blocked since the last take_waits(), by the phase blocked in
 
     # ------------------------------------------------------------------ topology
     def group_size(self, policy: str) -> int:
@@ -149,7 +153,15 @@ class Workers:
                 "(a long warm-start), raise trainer.collective_timeout_s.", self.rank, self.phase_name, self.step
             ) from exc
         finally:
-            self.wait_s += time.perf_counter() - start
+            self.wait_s[self.phase_name] = self.wait_s.get(self.phase_name, 0.0) + time.perf_counter() - start
+
+    def blocking(self, what: str, fn, *args, **kwargs):
+        """Call ``fn`` that blocks on other ranks (a store read), timed into :attr:`wait_s` and named on failure.
+
+        Raises:
+            CollectiveError: ``fn`` failed or timed out (names this rank, the phase and the step).
+        """
+        return self._collective(what, fn, *args, **kwargs)
 
     def _group_all_gather(self, policy: str, obj: Any) -> list[Any]:
         if self.group_size(policy) == 1:
@@ -192,19 +204,28 @@ class Workers:
                 self._collective(f"{policy} weight broadcast", dist.broadcast, tensor.data,
                                  src=self.placement.leader(policy), group=self._groups[policy])
 
-    def exchange(self, local: dict[str, list[list]]) -> list:
+    def exchange(self, local: dict[str, list[list]], step: int = 0) -> list:
         """Every rank's SEE records, on every rank, in the one order a single rank would produce.
+
+        With ``trainer.max_lag`` L > 0, the records every rank published at step ``step - L``
+        instead (:meth:`Pace.exchange <mrl_lightning.loop.pace.Pace.exchange>`; docs/mwra.md, "Pace").
 
         Args:
             local: Policy name -> this rank's records for it, one list per prompt of its shard
                 (in shard order).
+            step: The step the records carry (``rollout_step``).
 
         Returns:
             All records, flat: policies in ``model.policies`` order; within a policy, its prompts
             in the step's batch order (each rank's shards interleaved back, :func:`shard_indices`);
             within a prompt, the order its rank produced them.
         """
-        gathered = self.all_gather(local, "exchange")
+        if self.pace is not None and self.pace.max_lag:
+            return self.pace.exchange(local)
+        return self.merge_ranks(self.all_gather(local, "exchange"))
+
+    def merge_ranks(self, gathered: list[dict[str, list[list]]]) -> list:
+        """Every rank's ``local`` of :meth:`exchange` (indexed by rank) as one flat list, in its order."""
         out: list = []
         for name, ranks in self.placement.groups.items():
             parts = [gathered[r].get(name, []) for r in ranks]
@@ -279,9 +300,10 @@ class Workers:
         if self.distributed:
             self._collective(what, dist.barrier, group=self._world)
 
-    def take_wait_s(self) -> float:
-        """Seconds spent blocked in collectives since the last call."""
-        waited, self.wait_s = self.wait_s, 0.0
+    def take_waits(self) -> dict[str, float]:
+        """Seconds spent blocked on other ranks since the last call, by the loop's phase (``exchange``,
+        ``compose``, ``update``, ``metrics``, ...)."""
+        waited, self.wait_s = self.wait_s, {}
         return waited
 
 
