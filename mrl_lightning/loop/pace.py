@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -46,6 +47,7 @@ class Pace:
 
     def __init__(self, workers, max_lag: int, timeout_s: float) -> None:
         self.workers, self.max_lag, self.timeout = workers, int(max_lag), timedelta(seconds=timeout_s)
+        self.started = time.perf_counter()  # right after the ranks' groups are made (a collective): alike on all
         self.store = None
         if max_lag and workers.distributed:  # a private accessor, public since torch 2.0 in all but name
             self.store = dist.PrefixStore("mrl/pace/", dist.distributed_c10d._get_default_store())
@@ -245,13 +247,15 @@ def step_wait_metrics(policies: list[str], before: dict[str, float], waits: dict
         waits: :meth:`Workers.take_waits` at the step's end, by phase (seconds).
         step_time_s: The step's wall time, seconds (``train/step_time_s``).
         peak_gib: This process's peak memory, GiB.
-        pace: This rank's :class:`Pace` (``pace/read_step`` is logged when it lags).
+        pace: This rank's :class:`Pace` (its start time).
 
     Returns:
         ``mwra/<policy>/wait_s`` (every second blocked on another rank in the step and the log
         gather before it), ``wait_exchange_s`` (the exchange), ``wait_update_s`` (the policy
         group's sums and gradient reduce), ``wait_log_s`` (the log gather), ``idle_share``
-        (wait_s over the step's wall time plus that gather), ``peak_memory_gib``.
+        (wait_s over the step's wall time plus that gather), ``peak_memory_gib``; and
+        ``train/elapsed_s``, seconds since the workers started when the step's update ended (the
+        latest over ranks), so a step's wall time needs no logging time (with a lag, rank 0 logs late).
     """
     log = before.get("metrics", 0.0)
     total = sum(waits.values()) + log
@@ -261,8 +265,7 @@ def step_wait_metrics(policies: list[str], before: dict[str, float], waits: dict
                     f"mwra/{name}/wait_update_s": waits.get("compose", 0.0) + waits.get("update", 0.0),
                     f"mwra/{name}/wait_log_s": log, f"mwra/{name}/idle_share": total / max(step_time_s + log, 1e-9),
                     f"mwra/{name}/peak_memory_gib": Max(peak_gib)})
-    if pace.max_lag:
-        out["pace/read_step"] = float(pace.read_step)
+    out["train/elapsed_s"] = Max(time.perf_counter() - pace.started)
     return out
 
 
