@@ -1,0 +1,235 @@
+"""Pace benchmark: lockstep against a lag, and one process against one worker per policy, on one config.
+
+    python benchmarks/pace.py --config configs/real_small.yaml --steps 20 --out benchmarks/results/pace \
+        --arm lockstep="--trainer.max_lag 0 --trainer.placement disjoint" \
+        --arm one_process="--trainer.max_lag 0 --trainer.devices 1" \
+        --arm lag2="--trainer.max_lag 2 --trainer.placement disjoint"
+    python benchmarks/pace.py --out benchmarks/results/pace --read-only     # the tables and figure again
+
+Runs ``mrl fit`` once per arm, one after the other, with the same seed, step budget and
+evaluation (at step 0 and at the end; no checkpoint inside the window), and reads each run's
+TensorBoard scalars:
+
+- seconds per training step, from ``train/elapsed_s`` (seconds since the workers started, at
+  each update's end, the latest over ranks): the whole run's, ``elapsed_s`` at the last update
+  over the updates, which every arm spends on the same work (a lag's pipeline fill and drain
+  included: N batches sampled, N trained); and between the first update and the last, the
+  issue's measure, which for a lag of L leaves L samplings out of the window (the fill before
+  update 1), so it flatters a lag by about L rollouts over N - 1 steps;
+- each worker's idle share over the same steps: its ``mwra/<p>/wait_s`` over
+  ``rollout_s + update_s + wait_s`` (docs/mwra.md, "Logged per worker"), and where it waited;
+- the balanced bound of the lockstep arm: its one-thread phase times (rollout + update, every
+  policy) summed and divided over the workers, plus its exchange time;
+- each arm's final evaluation, side by side.
+
+It writes ``pace.md`` (the tables), ``pace.json`` and ``timeline.png`` (one panel per arm: each
+worker's rollout, update and waits step by step, drawn from its phase times) under ``--out``, and
+a simulation of the lockstep arm's measured phase times under other lags (:func:`simulate`).
+Time it alone: another busy process on the cores slows every arm and the ratios mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PHASES = ("rollout_s", "update_s", "wait_s", "wait_exchange_s", "wait_update_s", "wait_log_s")
+
+
+def run_arm(name: str, config: str, steps: int, out: Path, extra: list[str]) -> float:
+    """One ``mrl fit`` into ``<out>/<name>``; returns its wall seconds (start-up included)."""
+    args = [sys.executable, "-m", "mrl_lightning.cli", "fit", "--config", config, "--trainer.max_steps", str(steps),
+            "--trainer.eval_every_n_steps", str(steps), "--trainer.checkpoint_every_n_steps", "0",
+            "--trainer.log_every_n_steps", "1", "--trainer.enable_progress_bar", "false",
+            "--trainer.default_root_dir", str(out), "--trainer.version", name, *extra]
+    start = time.perf_counter()
+    with open(out / f"{name}.log", "w") as log:
+        code = subprocess.call(args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    if code != 0:
+        raise SystemExit(f"arm {name!r} failed (exit {code}); see {out / f'{name}.log'}")
+    for ckpt in (out / name / "checkpoints").glob("**/*"):  # the end checkpoint is not what this measures
+        if ckpt.is_file():
+            ckpt.unlink()
+    return time.perf_counter() - start
+
+
+def read_run(folder: Path) -> dict:
+    """A run's scalars: ``{tag: {step: value}}``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+
+
+def policies_of(scalars: dict) -> list[str]:
+    return sorted({tag.split("/")[1] for tag in scalars if tag.startswith("mwra/") and tag.endswith("/rollout_s")})
+
+
+def summarize(scalars: dict) -> dict:
+    """Seconds per step, idle shares and phase sums of one run (module docstring)."""
+    elapsed = scalars.get("train/elapsed_s")
+    if not elapsed or len(elapsed) < 2:
+        raise SystemExit("a run has fewer than two logged train/elapsed_s steps: nothing to time")
+    steps = sorted(elapsed)
+    window = steps[1:]  # steps 2.. : the first step's one-off costs left out
+    out = {"steps": len(steps), "s_per_step": (elapsed[steps[-1]] - elapsed[steps[0]]) / (len(steps) - 1),
+           "s_per_step_whole": elapsed[steps[-1]] / len(steps), "policies": {}}
+    for p in policies_of(scalars):
+        sums = {phase: sum(scalars.get(f"mwra/{p}/{phase}", {}).get(s, 0.0) for s in window) for phase in PHASES}
+        busy = sums["rollout_s"] + sums["update_s"]
+        out["policies"][p] = {**{k: v / len(window) for k, v in sums.items()},
+                              "idle_share": sums["wait_s"] / max(busy + sums["wait_s"], 1e-9)}
+    exchange = scalars.get("train/exchange_time_s", {})
+    out["exchange_s"] = sum(exchange.get(s, 0.0) for s in window) / len(window)
+    out["eval"] = {tag: values[max(values)] for tag, values in scalars.items()
+                   if tag.startswith("eval/") and "success" in tag}
+    return out
+
+
+def balanced_bound(summary: dict, workers: int) -> float:
+    """The policies' one-thread work (rollout + update) summed and spread over ``workers``, plus the exchange."""
+    work = sum(p["rollout_s"] + p["update_s"] - p["wait_update_s"] for p in summary["policies"].values())
+    return work / workers + summary["exchange_s"]
+
+
+def simulate(rollout: dict[str, list[float]], update: dict[str, list[float]], max_lag: int) -> float:
+    """Seconds per step of disjoint workers with these phase times under ``max_lag`` (no other cost).
+
+    Worker p samples batch s (``rollout[p][s]``) as soon as its step s - 1 ends, and trains batch
+    s - L once it has sampled batch s and every worker has sampled batch s - L; lockstep (L = 0)
+    also meets at every step's end (the log gather). Returns the last update's time over the steps.
+    """
+    names, n = list(rollout), len(next(iter(rollout.values())))
+    sampled = {p: [0.0] * (n + max_lag + 1) for p in names}  # time batch b's sampling ended
+    end = {p: 0.0 for p in names}
+    last_update = 0.0
+    for step in range(1, n + max_lag + 1):
+        for p in names:
+            if step <= n:
+                sampled[p][step] = end[p] + rollout[p][step - 1]
+        for p in names:
+            batch = step - max_lag
+            begin = sampled[p][step] if step <= n else end[p]
+            if batch >= 1:
+                ready = max(sampled[q][batch] for q in names)
+                end[p] = max(begin, ready) + update[p][batch - 1]
+            else:
+                end[p] = begin
+        if max_lag == 0:
+            meet = max(end.values())
+            end = {p: meet for p in names}
+        last_update = max(end.values())
+    return last_update / n
+
+
+def timeline(runs: dict[str, dict], path: Path) -> None:
+    """One panel per arm: each worker's rollout, update and waits, step after step, from its phase times."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"rollout_s": "#4c72b0", "update_s": "#dd8452", "wait_s": "#bbbbbb"}
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 1.3 + 1.1 * len(runs) * 1.6), squeeze=False)
+    for ax, (arm, scalars) in zip(axes[:, 0], runs.items()):
+        names = policies_of(scalars)
+        for row, p in enumerate(names):
+            t = 0.0
+            for step in sorted(scalars[f"mwra/{p}/rollout_s"]):
+                for phase in ("rollout_s", "update_s", "wait_s"):
+                    width = scalars.get(f"mwra/{p}/{phase}", {}).get(step, 0.0)
+                    ax.barh(row, width, left=t, color=colors[phase], edgecolor="white", linewidth=0.3)
+                    t += width
+        ax.set_yticks(range(len(names)), names)
+        ax.set_title(arm, loc="left", fontsize=10)
+        ax.set_xlabel("seconds (each worker's phases, step after step)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    fig.legend(handles, ["rollout", "update (compose included)", "waiting for another rank"], loc="upper right",
+               ncol=3, fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(out: Path, arms: list[str], walls: dict[str, float]) -> str:
+    runs = {arm: read_run(out / arm) for arm in arms}
+    summaries = {arm: summarize(s) for arm, s in runs.items()}
+    base = arms[0]
+    lines = ["| arm | s / step, whole run | vs " + base + " | s / step, steps 2-N | vs " + base + " | idle share per "
+             "worker (wait over rollout + update + wait) | waits a step: exchange / update / log (s) | wall incl. "
+             "start-up |", "|---|---|---|---|---|---|---|---|"]
+    for arm, s in summaries.items():
+        idle = ", ".join(f"{p} {v['idle_share']:.0%}" for p, v in s["policies"].items())
+        waits = ", ".join(f"{p} {v['wait_exchange_s']:.2f} / {v['wait_update_s']:.2f} / {v['wait_log_s']:.2f}"
+                          for p, v in s["policies"].items())
+        ratio = s["s_per_step"] / summaries[base]["s_per_step"]
+        whole = s["s_per_step_whole"] / summaries[base]["s_per_step_whole"]
+        lines.append(f"| {arm} | {s['s_per_step_whole']:.2f} | {whole:.2f}x | {s['s_per_step']:.2f} | {ratio:.2f}x | "
+                     f"{idle} | {waits} | {walls.get(arm, float('nan')):.0f} s |")
+    phases = ["", "| arm | worker | rollout s | update s | wait s |", "|---|---|---|---|---|"]
+    for arm, s in summaries.items():
+        phases += [f"| {arm} | {p} | {v['rollout_s']:.2f} | {v['update_s']:.2f} | {v['wait_s']:.2f} |"
+                   for p, v in s["policies"].items()]
+    tags = sorted({t for s in summaries.values() for t in s["eval"]})
+    evals = ["", "| evaluation at the end | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
+    evals += [f"| `{t}` | " + " | ".join(f"{summaries[a]['eval'].get(t, float('nan')):.3f}" for a in arms) + " |"
+              for t in tags]
+    ref = runs[base]
+    names = policies_of(ref)
+    steps = sorted(ref[f"mwra/{names[0]}/rollout_s"])
+    rollout = {p: [ref[f"mwra/{p}/rollout_s"][s] for s in steps] for p in names}
+    update = {p: [ref[f"mwra/{p}/update_s"][s] - ref.get(f"mwra/{p}/wait_update_s", {}).get(s, 0.0) for s in steps]
+              for p in names}
+    sim = {lag: simulate(rollout, update, lag) for lag in (0, 1, 2, 4)}
+    bound = balanced_bound(summaries[base], len(names))
+    text = "\n".join(lines + phases + evals) + (
+        f"\n\nBalanced bound of {base} (its one-thread work spread over {len(names)} workers, plus its exchange): "
+        f"{bound:.2f} s a step.\n\nSimulated from {base}'s phase times (disjoint workers, no exchange cost), seconds "
+        "a step: " + ", ".join(f"max_lag {lag}: {v:.2f}" for lag, v in sim.items()) + ".\n")
+    (out / "pace.md").write_text(text)
+    (out / "pace.json").write_text(json.dumps({"arms": summaries, "walls_s": walls, "balanced_bound_s": bound,
+                                               "simulated_s_per_step": sim}, indent=2, sort_keys=True))
+    timeline(runs, out / "timeline.png")
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="configs/real_small.yaml")
+    parser.add_argument("--steps", type=int, default=20, help="training steps per arm")
+    parser.add_argument("--out", type=Path, required=True, help="folder for the runs, pace.md, pace.json, timeline.png")
+    parser.add_argument("--arm", action="append", default=[], metavar="NAME=ARGS",
+                        help="an arm: its name and its mrl fit arguments; the first is the baseline")
+    parser.add_argument("--read-only", action="store_true", help="read the runs already in --out")
+    args = parser.parse_args(argv)
+    arms = {}
+    for spec in args.arm:
+        name, sep, extra = spec.partition("=")
+        if not sep or not name:
+            parser.error(f"--arm {spec!r}: give NAME=ARGS, e.g. --arm lag2='--trainer.max_lag 2'")
+        arms[name] = shlex.split(extra)
+    args.out.mkdir(parents=True, exist_ok=True)
+    walls_file = args.out / "walls.json"
+    walls = json.loads(walls_file.read_text()) if walls_file.is_file() else {}
+    if args.read_only:
+        names = list(walls) or sorted(p.name for p in args.out.iterdir() if p.is_dir())
+    else:
+        if not arms:
+            parser.error("give at least one --arm (or --read-only)")
+        for name, extra in arms.items():
+            walls[name] = run_arm(name, args.config, args.steps, args.out, extra)
+            walls_file.write_text(json.dumps(walls, indent=2))
+        names = list(arms)
+    print(report(args.out, names, walls))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""benchmarks/pace.py: the pace simulation and the tables it reads from a run's scalars (docs/mwra.md, "Pace")."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "pace.py"
+
+
+@pytest.fixture(scope="module")
+def pace():
+    spec = importlib.util.spec_from_file_location("pace_benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_lag_cannot_beat_a_slower_mean_rate(pace):
+    rollout, update = {"a": [4.0] * 40, "b": [6.0] * 40}, {"a": [6.0] * 40, "b": [8.0] * 40}
+    assert pace.simulate(rollout, update, 0) == pytest.approx(14.0)
+    for lag in (1, 2, 4):  # b needs 14 s a step whatever a does
+        assert 14.0 <= pace.simulate(rollout, update, lag) < 14.0 * 1.05
+
+
+def test_a_lag_absorbs_steps_that_take_turns_being_slow(pace):
+    slow_fast = [10.0, 4.0] * 20
+    rollout = {"a": slow_fast, "b": slow_fast[1:] + slow_fast[:1]}
+    update = {"a": [3.0] * 40, "b": [3.0] * 40}
+    lockstep, lagged = pace.simulate(rollout, update, 0), pace.simulate(rollout, update, 2)
+    assert lockstep == pytest.approx(13.0)  # every step waits for whichever is slow in it
+    assert lagged < 11.0 and lagged == pytest.approx(10.0, rel=0.05)  # (10 + 4) / 2 + 3
+
+
+def _write_run(folder: Path, steps: int, wait_a: float) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(folder))
+    for s in range(1, steps + 1):
+        writer.add_scalar("train/elapsed_s", 12.0 * s, s)
+        writer.add_scalar("train/exchange_time_s", 1.0, s)
+        for p, wait in (("a", wait_a), ("b", 0.0)):
+            for tag, value in (("rollout_s", 3.0), ("update_s", 5.0), ("wait_s", wait),
+                               ("wait_exchange_s", wait), ("wait_update_s", 0.0), ("wait_log_s", 0.0)):
+                writer.add_scalar(f"mwra/{p}/{tag}", value, s)
+    writer.add_scalar("eval/a/greedy_success_add", 0.5, steps)
+    writer.close()
+
+
+def test_the_report_reads_step_time_idle_share_and_evaluation(pace, tmp_path):
+    _write_run(tmp_path / "lockstep", 5, wait_a=2.0)
+    _write_run(tmp_path / "lag", 5, wait_a=0.0)
+    text = pace.report(tmp_path, ["lockstep", "lag"], {"lockstep": 70.0})
+    summary = pace.summarize(pace.read_run(tmp_path / "lockstep"))
+    assert summary["s_per_step"] == pytest.approx(12.0) and summary["s_per_step_whole"] == pytest.approx(12.0)
+    assert summary["policies"]["a"]["idle_share"] == pytest.approx(2.0 / 10.0)
+    assert summary["policies"]["b"]["idle_share"] == 0.0
+    assert pace.balanced_bound(summary, 2) == pytest.approx((8.0 + 8.0) / 2 + 1.0)
+    assert "| lockstep | 12.00 | 1.00x | 12.00 | 1.00x |" in text and "a 20%, b 0%" in text
+    assert "`eval/a/greedy_success_add` | 0.500 | 0.500 |" in text
+    assert (tmp_path / "timeline.png").stat().st_size > 1000 and (tmp_path / "pace.json").is_file()
+
+
+def test_a_run_without_the_step_clock_is_refused(pace, tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "old"))
+    writer.add_scalar("train/step_time_s", 1.0, 1)
+    writer.close()
+    with pytest.raises(SystemExit, match="train/elapsed_s"):
+        pace.summarize(pace.read_run(tmp_path / "old"))
