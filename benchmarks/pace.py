@@ -10,16 +10,16 @@ Runs ``mrl fit`` once per arm, one after the other, with the same seed, step bud
 evaluation (at step 0 and at the end; no checkpoint inside the window), and reads each run's
 TensorBoard scalars:
 
-- seconds per training step, from ``train/elapsed_s`` (seconds since the workers started, at
-  each update's end, the latest over ranks): the whole run's, ``elapsed_s`` at the last update
+- seconds per training step, from ``train/elapsed_s`` (seconds since the first step began, at
+  each update's end, the latest over ranks; model building and the first evaluation are before it): the whole run's, ``elapsed_s`` at the last update
   over the updates, which every arm spends on the same work (a lag's pipeline fill and drain
   included: N batches sampled, N trained); and between the first update and the last, the
   issue's measure, which for a lag of L leaves L samplings out of the window (the fill before
   update 1), so it flatters a lag by about L rollouts over N - 1 steps;
 - each worker's idle share over the same steps: its ``mwra/<p>/wait_s`` over
-  ``rollout_s + update_s + wait_s`` (docs/mwra.md, "Logged per worker"), and where it waited;
-- the balanced bound of the lockstep arm: its one-thread phase times (rollout + update, every
-  policy) summed and divided over the workers, plus its exchange time;
+  ``rollout_s + update_s + wait_s`` (``update_s`` less the group waits it holds) (docs/mwra.md, "Logged per worker"), and where it waited;
+- the balanced bound of the baseline arm: its one-thread phase times (rollout + update, every
+  policy) summed and divided over the workers, plus its exchange's own time (less its wait);
 - each arm's final evaluation, side by side.
 
 It writes ``pace.md`` (the tables), ``pace.json`` and ``timeline.png`` (one panel per arm: each
@@ -46,7 +46,7 @@ def run_arm(name: str, config: str, steps: int, out: Path, extra: list[str]) -> 
     """One ``mrl fit`` into ``<out>/<name>``; returns its wall seconds (start-up included)."""
     args = [sys.executable, "-m", "mrl_lightning.cli", "fit", "--config", config, "--trainer.max_steps", str(steps),
             "--trainer.eval_every_n_steps", str(steps), "--trainer.checkpoint_every_n_steps", "0",
-            "--trainer.log_every_n_steps", "1", "--trainer.enable_progress_bar", "false",
+            "--trainer.enable_progress_bar", "false",
             "--trainer.default_root_dir", str(out), "--trainer.version", name, *extra]
     start = time.perf_counter()
     with open(out / f"{name}.log", "w") as log:
@@ -83,11 +83,13 @@ def summarize(scalars: dict) -> dict:
            "s_per_step_whole": elapsed[steps[-1]] / len(steps), "policies": {}}
     for p in policies_of(scalars):
         sums = {phase: sum(scalars.get(f"mwra/{p}/{phase}", {}).get(s, 0.0) for s in window) for phase in PHASES}
-        busy = sums["rollout_s"] + sums["update_s"]
+        busy = sums["rollout_s"] + sums["update_s"] - sums["wait_update_s"]  # update_s holds the group's waits
         out["policies"][p] = {**{k: v / len(window) for k, v in sums.items()},
                               "idle_share": sums["wait_s"] / max(busy + sums["wait_s"], 1e-9)}
     exchange = scalars.get("train/exchange_time_s", {})
-    out["exchange_s"] = sum(exchange.get(s, 0.0) for s in window) / len(window)
+    waited = max((out["policies"][p]["wait_exchange_s"] for p in out["policies"]), default=0.0)
+    # the exchange's own work: its time less the wait for the slowest rank in it (on the rank that waited most)
+    out["exchange_s"] = max(sum(exchange.get(s, 0.0) for s in window) / len(window) - waited, 0.0)
     out["eval"] = {tag: values[max(values)] for tag, values in scalars.items()
                    if tag.startswith("eval/") and "success" in tag}
     return out

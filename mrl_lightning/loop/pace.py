@@ -12,10 +12,10 @@ published step s - L, so it runs at most L steps ahead of the slowest.
 Transport: the key-value store of the process group Fabric set up (``torch.distributed``'s
 TCPStore; ``set`` and a blocking ``get`` under ``mrl/pace/see/<step>/<rank>``), so no world
 collective stands in the step; one process keeps the steps in a dict. The step metrics go the
-same way (``log/<step>/<rank>``): rank 0 logs a log step once every rank has published it and
-all at the end, so no rank waits for the logger. Evaluation and checkpoints stay collectives:
-every rank meets there at the same step. A checkpoint at step c keeps the records of steps
-(c - L, c], which a resumed run delivers at steps c + 1 .. c + L.
+same way (``log/<step>/<rank>``): rank 0 logs a log step once every rank has published it, and
+the rest at each checkpoint and at the end, so no rank waits for the logger. Evaluation and checkpoints stay collectives:
+every rank meets there at the same step. A checkpoint after update c keeps the batches in
+flight (c + 1 .. c + L, sampled, not yet trained) and their records.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from mrl_lightning.errors import ConfigError
@@ -43,11 +44,16 @@ class Pace:
         max_lag: L, in steps (``trainer.max_lag``); 0 = lockstep, and nothing here is used.
         timeout_s: How long a store read waits for a peer before the run stops with an error
             naming the rank and phase (``trainer.collective_timeout_s``).
+        device: This rank's device: a resumed batch in flight goes back to it.
+        log: ``fabric.log_dict``: how rank 0 logs a window (``log(metrics, step=step)``).
     """
 
-    def __init__(self, workers, max_lag: int, timeout_s: float) -> None:
+    def __init__(self, workers, max_lag: int, timeout_s: float, device=None, log=None) -> None:
         self.workers, self.max_lag, self.timeout = workers, int(max_lag), timedelta(seconds=timeout_s)
-        self.started = time.perf_counter()  # right after the ranks' groups are made (a collective): alike on all
+        self.device, self.log = device, log
+        self.started: float | None = None  # the first step's start (train/elapsed_s counts from it)
+        self.sampled_after: dict[int, int] = {}  # batch in flight -> updates done when it was sampled
+        self.published: set[int] = set()  # batches whose records this rank sent (none without an exchange)
         self.store = None
         if max_lag and workers.distributed:  # a private accessor, public since torch 2.0 in all but name
             self.store = dist.PrefixStore("mrl/pace/", dist.distributed_c10d._get_default_store())
@@ -60,7 +66,14 @@ class Pace:
         self.training: int | None = None  # the batch this step trains, if any
 
     # ---------------------------------------------------------------- schedule
-    def queue(self, rollout_step: int, max_steps: int, sampled: tuple[dict, dict] | None) -> int | None:
+    def begin(self) -> float:
+        """A step starts: its ``time.perf_counter()`` (the first one's is what ``train/elapsed_s`` counts from)."""
+        now = time.perf_counter()
+        self.started = now if self.started is None else self.started
+        return now
+
+    def queue(self, rollout_step: int, max_steps: int, sampled: tuple[dict, dict] | None,
+              global_step: int = 0) -> int | None:
         """Hold the batch this step sampled (``rollout_step``, if ``sampled``); return the batch to train now.
 
         Lockstep trains the batch just sampled. With L > 0 the oldest held batch trains once L newer
@@ -69,22 +82,23 @@ class Pace:
         """
         self.publish_step, self.training = (rollout_step if sampled is not None else None), None
         if sampled is not None:
-            self.in_flight[rollout_step] = sampled
+            self.in_flight[rollout_step], self.sampled_after[rollout_step] = sampled, global_step
         oldest = min(self.in_flight, default=None)
         if oldest is None or (rollout_step - oldest < self.max_lag and rollout_step < max_steps):
             return None
         self.training = self.read_step = oldest
         return oldest
 
-    def take(self, batch: int, metrics: dict[str, float]) -> tuple[dict, dict]:
-        """The held batch ``batch``, to train now. With a lag it was sampled by older weights: the update re-scores
-        it and weights each token by the truncated importance ratio to the sampler (``vllm_importance_sampling_*``);
-        ``pace/staleness_steps`` (updates since it was sampled) is logged."""
+    def take(self, batch: int, metrics: dict[str, float], global_step: int = 0) -> tuple[dict, dict]:
+        """The held batch ``batch``, to train now (``global_step``: updates done). With a lag it was sampled by older
+        weights: the update re-scores it and weights each token by the truncated importance ratio to the sampler
+        (``vllm_importance_sampling_*``); ``pace/staleness_steps`` (updates since it was sampled) is logged."""
         scored, keep = self.in_flight.pop(batch)
+        sampled_after = self.sampled_after.pop(batch, global_step)
         if self.max_lag:
             for one in scored.values():
                 mark_for_rescoring(one.rollouts)
-            metrics["pace/staleness_steps"] = float(self.publish_step - batch if self.publish_step else 0)
+            metrics["pace/staleness_steps"] = float(global_step - sampled_after)
             metrics["pace/read_step"] = float(batch)
         return scored, keep
 
@@ -125,6 +139,7 @@ class Pace:
         w = self.workers
         if self.publish_step is not None:
             self._set(f"see/{self.publish_step}/{w.rank}", local)
+            self.published.add(self.publish_step)
         read = self.training
         if read is None:  # nothing to train this step
             return []
@@ -145,7 +160,7 @@ class Pace:
         for t in sorted(self.in_flight):
             if t in self.resumed:
                 out[t] = self.resumed[t]
-            else:
+            elif t in self.published:  # (every rank runs the same callbacks: with no exchange, none published)
                 out[t] = w.merge_ranks([self._get(f"see/{t}/{r}", "checkpoint", keep=True)
                                         for r in range(w.placement.world_size)])
         return out
@@ -158,9 +173,9 @@ class Pace:
         """
         self.resumed = {int(t): [record_from_dict(r) for r in records]
                         for t, records in counters.get("exchange_pending", {}).items()}
-        held = counters.get("in_flight", {})
+        held, after = counters.get("in_flight", {}), counters.get("sampled_after", {})
         w = self.workers
-        for t in self.resumed:
+        for t in sorted(held):
             parts = {}
             for name in w.local_policies:
                 key = _shard_key(w, name)
@@ -169,7 +184,8 @@ class Pace:
                                           f"(no part {key!r}); resume a run with trainer.max_lag > 0 on the "
                                           "placement it was written with.")
                 parts[name] = held[t][key]
-            self.in_flight[t] = ({n: scored_from_state(p["scored"]) for n, p in parts.items()},
+            self.sampled_after[t] = int(after.get(t, 0))
+            self.in_flight[t] = ({n: scored_from_state(p["scored"], self.device) for n, p in parts.items()},
                                  {n: p["keep"] for n, p in parts.items() if p["keep"] is not None})
 
     def counters(self) -> dict[str, Any]:
@@ -179,6 +195,7 @@ class Pace:
         """
         if not self.max_lag:
             return {}
+        self.flush()  # rank 0 logs every window up to here: a kill after the checkpoint loses none
         w = self.workers
         mine = {t: {_shard_key(w, name): {"scored": scored_state(scored[name]),
                                           "keep": keep.get(name)}
@@ -187,30 +204,35 @@ class Pace:
         for part in w.gather_to_zero(mine, "checkpoint") or []:
             for t, shards in part.items():
                 held.setdefault(t, {}).update(shards)
-        return {"max_lag": self.max_lag, "in_flight": held,
+        return {"max_lag": self.max_lag, "in_flight": held, "sampled_after": dict(self.sampled_after),
                 "exchange_pending": {t: [record_to_dict(r) for r in recs] for t, recs in self.pending().items()}}
 
     # ----------------------------------------------------------------- metrics
-    def log_window(self, step: int, window: list[dict[str, float]]) -> list[tuple[int, dict[str, float]]]:
-        """This rank's metrics of the log window ending at ``step``; returns what rank 0 logs now.
+    def log_window(self, step: int, window: list[dict[str, float]]) -> list[dict[str, float]]:
+        """Log this rank's metrics of the window ending at ``step`` (combined over ranks, on rank 0).
 
         Lockstep gathers the window over ranks (a collective). With a lag each rank publishes
-        its window, and rank 0 returns the windows every rank has published, oldest first.
+        its window, and rank 0 logs the windows every rank has published, oldest first.
 
         Returns:
-            ``[(log step, combined metrics)]``; empty on other ranks (and while a peer is behind).
+            The combined metrics logged now (empty on other ranks, and while a peer is behind).
         """
         w = self.workers
         if not self.max_lag or self.store is None:
-            return [(step, window_reduce(w.gather_metrics(window)))]
-        self._set(f"log/{step}/{w.rank}", window)
-        if w.rank == 0:
-            self._logs.append(step)
-        return self._logs_ready(block=False)
+            ready = [(step, window_reduce(w.gather_metrics(window)))]
+        else:
+            self._set(f"log/{step}/{w.rank}", window)
+            if w.rank == 0:
+                self._logs.append(step)
+            ready = self._logs_ready(block=False)
+        for at, logged in ready:
+            self.log(logged, step=at)
+        return [logged for _, logged in ready]
 
-    def flush(self) -> list[tuple[int, dict[str, float]]]:
-        """Rank 0: every window not yet logged, waiting for the peers' (called at evaluation and at the end)."""
-        return self._logs_ready(block=True) if self.store is not None else []
+    def flush(self) -> None:
+        """Rank 0 logs every window not yet logged, waiting for the peers' (at a checkpoint and at the end)."""
+        for at, logged in self._logs_ready(block=True) if self.store is not None else []:
+            self.log(logged, step=at)
 
     def _logs_ready(self, block: bool) -> list[tuple[int, dict[str, float]]]:
         ranks, out = range(self.workers.placement.world_size), []
@@ -252,9 +274,10 @@ def step_wait_metrics(policies: list[str], before: dict[str, float], waits: dict
     Returns:
         ``mwra/<policy>/wait_s`` (every second blocked on another rank in the step and the log
         gather before it), ``wait_exchange_s`` (the exchange), ``wait_update_s`` (the policy
-        group's sums and gradient reduce), ``wait_log_s`` (the log gather), ``idle_share``
+        group's sums and gradient reduce), ``wait_rollout_s`` (dynamic sampling's count of extra
+        prompts over every rank), ``wait_log_s`` (the log gather), ``idle_share``
         (wait_s over the step's wall time plus that gather), ``peak_memory_gib``; and
-        ``train/elapsed_s``, seconds since the workers started when the step's update ended (the
+        ``train/elapsed_s``, seconds since the first step began when the step's update ended (the
         latest over ranks), so a step's wall time needs no logging time (with a lag, rank 0 logs late).
     """
     log = before.get("metrics", 0.0)
@@ -263,9 +286,11 @@ def step_wait_metrics(policies: list[str], before: dict[str, float], waits: dict
     for name in policies:
         out.update({f"mwra/{name}/wait_s": total, f"mwra/{name}/wait_exchange_s": waits.get("exchange", 0.0),
                     f"mwra/{name}/wait_update_s": waits.get("compose", 0.0) + waits.get("update", 0.0),
+                    f"mwra/{name}/wait_rollout_s": waits.get("rollout", 0.0),
                     f"mwra/{name}/wait_log_s": log, f"mwra/{name}/idle_share": total / max(step_time_s + log, 1e-9),
                     f"mwra/{name}/peak_memory_gib": Max(peak_gib)})
-    out["train/elapsed_s"] = Max(time.perf_counter() - pace.started)
+    now = time.perf_counter()
+    out["train/elapsed_s"] = Max(now - (now if pace.started is None else pace.started))
     return out
 
 
@@ -273,20 +298,37 @@ def _shard_key(workers, policy: str) -> str:
     return f"{policy}/{workers.group_index(policy)}of{workers.group_size(policy)}"
 
 
+def _cpu(obj: Any, moved: list[str], name: str) -> Any:
+    if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
+        moved.append(name)
+        return obj.cpu()
+    return obj
+
+
 def scored_state(scored) -> dict[str, Any]:
-    """A :class:`~mrl_lightning.update.batch.ScoredRollouts` as plain values and tensors (for a checkpoint)."""
-    out = {f.name: getattr(scored, f.name) for f in dataclasses.fields(scored)}
+    """A :class:`~mrl_lightning.update.batch.ScoredRollouts` as plain values and CPU tensors (for a checkpoint);
+    ``on_device`` names the tensors that were on an accelerator."""
+    moved: list[str] = []
+    out = {f.name: _cpu(getattr(scored, f.name), moved, f.name) for f in dataclasses.fields(scored)}
     out["items"] = [dataclasses.asdict(item) for item in scored.items]
-    out["rollouts"] = {f.name: getattr(scored.rollouts, f.name) for f in dataclasses.fields(scored.rollouts)}
+    out["rollouts"] = {f.name: _cpu(getattr(scored.rollouts, f.name), moved, f"rollouts.{f.name}")
+                       for f in dataclasses.fields(scored.rollouts)}
+    out["on_device"] = moved
     return out
 
 
-def scored_from_state(state: dict[str, Any]):
-    """The :class:`~mrl_lightning.update.batch.ScoredRollouts` :func:`scored_state` wrote."""
+def scored_from_state(state: dict[str, Any], device=None):
+    """The :class:`~mrl_lightning.update.batch.ScoredRollouts` :func:`scored_state` wrote, its accelerator tensors
+    on ``device`` (this rank's)."""
     from mrl_lightning.data.items import PromptItem
     from mrl_lightning.rollout.base import RolloutBatch
     from mrl_lightning.update.batch import ScoredRollouts
 
+    state = {**state, "rollouts": dict(state["rollouts"])}
+    for name in state.pop("on_device", []):
+        where = state["rollouts"] if name.startswith("rollouts.") else state
+        key = name.removeprefix("rollouts.")
+        where[key] = where[key].to(device) if device is not None else where[key]
     return ScoredRollouts(**{**state, "items": [PromptItem(**item) for item in state["items"]],
                              "rollouts": RolloutBatch(**state["rollouts"])})
 

@@ -258,7 +258,7 @@ class MRLTrainer:
         if watch is not None:  # what the watch prints if Ctrl-C cannot reach a blocked main thread
             watch.interrupted_line = lambda: self._stop_context(watch).interrupted_line()
         self.workers = w = Workers(checked.placement, self.fabric.global_rank, self.collective_timeout_s)
-        w.pace = self.pace = Pace(w, self.max_lag, self.collective_timeout_s)
+        w.pace = self.pace = Pace(w, self.max_lag, self.collective_timeout_s, self.fabric.device, self.fabric.log_dict)
         self.logger._version = w.broadcast_from_zero(self.logger.version, "run folder")
         self.ctx.workers, self.ctx.log_dir, self.ctx.is_global_zero = w, self.log_dir, self.is_global_zero
         self.print("Resource plan (MWRA):\n" + (f"{self.devices_note}\n" if self.devices_note else "") + checked.plan_text)
@@ -309,10 +309,8 @@ class MRLTrainer:
                 if self.global_step % self.log_every_n_steps == 0:
                     # Ranks meet once per log window, not once per step (and with a lag, not at all: pace.py).
                     with self.workers.phase("metrics"):
-                        ready = self.pace.log_window(self.global_step, window)
-                    for step, logged in ready:
-                        self.fabric.log_dict(logged, step=step)
-                        shown.update(logged)
+                        for logged in self.pace.log_window(self.global_step, window):
+                            shown.update(logged)
                     window = []
                 progress.update(self.global_step, shown, self.last_eval)
                 if self.eval_every_n_steps and self.global_step % self.eval_every_n_steps == 0:
@@ -321,8 +319,7 @@ class MRLTrainer:
                 if self.checkpoint_every_n_steps and self.global_step % self.checkpoint_every_n_steps == 0 \
                         and self.global_step < self.max_steps:
                     self.save_checkpoint(model, datamodule)
-            for step, logged in self.pace.flush():  # rank 0, with a lag: the windows of the last steps
-                self.fabric.log_dict(logged, step=step)
+            self.pace.flush()  # rank 0, with a lag: the windows of the last steps
 
     def training_step(self, model, datamodule) -> dict[str, float] | None:
         """One training step of every policy this rank runs (docs/loop.md); returns this rank's scalars of it.
@@ -336,10 +333,10 @@ class MRLTrainer:
         (:class:`~mrl_lightning.loop.pace.Pace`); None for a step that only sampled.
         """
         w = self.workers
-        start, before = time.perf_counter(), w.take_waits()  # before: the last log step's metric gather, ...
+        start, before = self.pace.begin(), w.take_waits()  # before: the last log step's metric gather, ...
         metrics: dict[str, float] = {}
         sampled = self._sample(model, datamodule, metrics) if self.rollout_step < self.max_steps else None
-        train = self.pace.queue(self.rollout_step, self.max_steps, sampled)
+        train = self.pace.queue(self.rollout_step, self.max_steps, sampled, self.global_step)
         if self.max_lag:  # the exchange's clock: the batch trained (lockstep: the batch sampled)
             self.ctx.trained_batch = train if train is not None else max(self.rollout_step - self.max_lag, 0)
         with w.phase("exchange"):
@@ -348,7 +345,7 @@ class MRLTrainer:
             metrics["train/exchange_time_s"] = time.perf_counter() - t0
         if train is None:
             return None
-        scored, keep = self.pace.take(train, metrics)
+        scored, keep = self.pace.take(train, metrics, self.global_step)
         self._train(model, scored, keep, metrics)
         metrics["train/step_time_s"] = time.perf_counter() - start
         metrics.update(step_wait_metrics(w.local_policies, before, w.take_waits(), metrics["train/step_time_s"],
@@ -384,10 +381,10 @@ class MRLTrainer:
                 tokens = float(scored[name].rollouts.completion_mask.sum())
                 metrics[f"mwra/{name}/rollout_tokens_per_s"] = tokens / max(elapsed, 1e-9)
             release_free_memory()  # sampling's freed [N, V] blocks back to the OS (docs/mwra.md, "The memory model")
+            more = (extra_samples(w, extra, dict(model.policies))  # a world gather: its wait counts as rollout's
+                    if any(p.filter_groups for p in model.policies.values()) else 0)
         self.rollout_step += 1
-        self.samples_seen += sum(len(items) * p.num_generations for p in model.policies.values())
-        if any(p.filter_groups for p in model.policies.values()):
-            self.samples_seen += extra_samples(w, extra, dict(model.policies))
+        self.samples_seen += sum(len(items) * p.num_generations for p in model.policies.values()) + more
         return scored, keep
 
     def _train(self, model, scored: dict, keep: dict, metrics: dict[str, float]) -> None:

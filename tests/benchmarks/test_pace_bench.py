@@ -40,7 +40,7 @@ def _write_run(folder: Path, steps: int, wait_a: float) -> None:
     writer = SummaryWriter(str(folder))
     for s in range(1, steps + 1):
         writer.add_scalar("train/elapsed_s", 12.0 * s, s)
-        writer.add_scalar("train/exchange_time_s", 1.0, s)
+        writer.add_scalar("train/exchange_time_s", 1.0 + wait_a, s)  # 1 s of work, the rest waiting
         for p, wait in (("a", wait_a), ("b", 0.0)):
             for tag, value in (("rollout_s", 3.0), ("update_s", 5.0), ("wait_s", wait),
                                ("wait_exchange_s", wait), ("wait_update_s", 0.0), ("wait_log_s", 0.0)):
@@ -57,7 +57,7 @@ def test_the_report_reads_step_time_idle_share_and_evaluation(pace, tmp_path):
     assert summary["s_per_step"] == pytest.approx(12.0) and summary["s_per_step_whole"] == pytest.approx(12.0)
     assert summary["policies"]["a"]["idle_share"] == pytest.approx(2.0 / 10.0)
     assert summary["policies"]["b"]["idle_share"] == 0.0
-    assert pace.balanced_bound(summary, 2) == pytest.approx((8.0 + 8.0) / 2 + 1.0)
+    assert pace.balanced_bound(summary, 2) == pytest.approx((8.0 + 8.0) / 2 + 1.0)  # the exchange's wait left out
     assert "| lockstep | 12.00 | 1.00x | 12.00 | 1.00x |" in text and "a 20%, b 0%" in text
     assert "`eval/a/greedy_success_add` | 0.500 | 0.500 |" in text
     assert (tmp_path / "timeline.png").stat().st_size > 1000 and (tmp_path / "pace.json").is_file()

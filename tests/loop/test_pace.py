@@ -23,7 +23,7 @@ def _workers() -> Workers:
     return Workers(Placement(mode="colocated", world_size=1, groups={"a": (0,), "b": (0,)}))
 
 
-def _schedule(max_lag: int, max_steps: int) -> list[tuple[int | None, int | None]]:
+def _schedule(max_lag: int, max_steps: int, staleness: list | None = None) -> list[tuple[int | None, int | None]]:
     """(batch sampled, batch trained) of every loop step, as MRLTrainer drives Pace."""
     pace, rollout_step, trained, out = Pace(_workers(), max_lag, 60.0), 0, 0, []
     while trained < max_steps:
@@ -31,10 +31,13 @@ def _schedule(max_lag: int, max_steps: int) -> list[tuple[int | None, int | None
         if rollout_step < max_steps:
             rollout_step += 1
             sampled = ({}, {})
-        batch = pace.queue(rollout_step, max_steps, sampled)
+        batch = pace.queue(rollout_step, max_steps, sampled, trained)
         if batch is not None:
-            pace.take(batch, {})
+            metrics: dict = {}
+            pace.take(batch, metrics, trained)
             trained += 1
+            if staleness is not None:
+                staleness.append(metrics.get("pace/staleness_steps", 0.0))
         out.append((rollout_step if sampled else None, batch))
     return out
 
@@ -46,6 +49,18 @@ def test_lockstep_trains_the_batch_it_just_sampled():
 def test_a_lag_trains_the_batch_sampled_that_many_steps_before_then_drains():
     assert _schedule(2, 5) == [(1, None), (2, None), (3, 1), (4, 2), (5, 3), (None, 4), (None, 5)]
     assert _schedule(1, 1) == [(1, 1)]  # every batch sampled: the last ones train at once
+    ages: list = []
+    _schedule(2, 5, ages)
+    assert ages == [0, 1, 2, 2, 2]  # updates between a batch's sampling and its training
+
+
+def test_a_lagged_run_without_an_exchange_checkpoints_its_batches_in_flight():
+    pace = Pace(_workers(), 2, 60.0)
+    for step in (1, 2):
+        assert pace.queue(step, 5, ({}, {}), 0) is None
+    counters = pace.counters()  # no SEE callback: nothing was published, no record is pending
+    assert counters["exchange_pending"] == {} and sorted(counters["in_flight"]) == [1, 2]
+    assert counters["sampled_after"] == {1: 0, 2: 0}
 
 
 def test_the_lagged_exchange_delivers_the_trained_batch_records_in_one_process():
@@ -107,6 +122,13 @@ def test_a_resume_on_another_placement_is_refused_when_batches_are_in_flight():
                 "in_flight": {3: {"a/0of2": {"scored": scored_state(_scored()), "keep": None}}}}
     with pytest.raises(CheckpointError, match="placement"):
         pace.load(counters)
+
+
+def test_rank_zero_logs_each_window_once_through_the_logger():
+    logged = []
+    pace = Pace(_workers(), 0, 60.0, log=lambda metrics, step: logged.append((step, metrics)))
+    shown = pace.log_window(3, [{"x": 1.0}, {"x": 3.0}])
+    assert shown == [{"x": 2.0}] and logged == [(3, {"x": 2.0})]
 
 
 def test_wait_tags_say_where_the_time_went():
