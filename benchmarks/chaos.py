@@ -277,7 +277,8 @@ def run_chaos(out: Path, kills: int, max_steps: int, seed: int, step_timeout_s: 
     summary = {
         "compressed_checkpoints": compress,
         "command": f"python benchmarks/chaos.py {'--default ' if default else ''}--kills {kills} "
-                   f"--max-steps {max_steps} --seed {seed} --checkpoint-every {checkpoint_every}",
+                   f"--max-steps {max_steps} --seed {seed} --checkpoint-every {checkpoint_every}"
+                   + (f" --max-lag {max_lag}" if max_lag else ""),
         "max_steps": max_steps, "kills": len(events), "resumes": resumes,
         "phases_hit": dict(Counter(e["phase_hit"] for e in events)),
         "targets": dict(Counter(e["target"] for e in events)),

@@ -78,9 +78,10 @@ def summarize(scalars: dict) -> dict:
     if not elapsed or len(elapsed) < 2:
         raise SystemExit("a run has fewer than two logged train/elapsed_s steps: nothing to time")
     steps = sorted(elapsed)
-    window = steps[1:]  # steps 2.. : the first step's one-off costs left out
-    out = {"steps": len(steps), "s_per_step": (elapsed[steps[-1]] - elapsed[steps[0]]) / (len(steps) - 1),
-           "s_per_step_whole": elapsed[steps[-1]] / len(steps), "policies": {}}
+    window = steps[1:]  # logged steps after the first: the first step's one-off costs left out
+    # logged steps may be every log_every_n_steps-th: divide by steps, not by logged points
+    out = {"steps": steps[-1], "s_per_step": (elapsed[steps[-1]] - elapsed[steps[0]]) / (steps[-1] - steps[0]),
+           "s_per_step_whole": elapsed[steps[-1]] / steps[-1], "policies": {}}
     for p in policies_of(scalars):
         sums = {phase: sum(scalars.get(f"mwra/{p}/{phase}", {}).get(s, 0.0) for s in window) for phase in PHASES}
         busy = sums["rollout_s"] + sums["update_s"] - sums["wait_update_s"]  # update_s holds the group's waits
@@ -131,30 +132,52 @@ def simulate(rollout: dict[str, list[float]], update: dict[str, list[float]], ma
     return last_update / n
 
 
-def timeline(runs: dict[str, dict], path: Path) -> None:
-    """One panel per arm: each worker's rollout, update and waits, step after step, from its phase times."""
+def _one_process(folder: Path) -> bool:
+    import yaml
+
+    config = folder / "config.yaml"
+    return config.is_file() and (yaml.safe_load(config.read_text()).get("trainer", {}).get("devices", 1) == 1)
+
+
+def timeline(runs: dict[str, dict], path: Path, folders: dict[str, Path] | None = None) -> None:
+    """One panel per arm, on one time axis: each worker's rollout, exchange wait, update and other waits, step after
+    step, from its phase times (a one-process arm is one row: its policies take turns). A run logged every few steps
+    has window means, drawn as wide as their window."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"rollout_s": "#4c72b0", "update_s": "#dd8452", "wait_s": "#bbbbbb"}
-    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 1.3 + 1.1 * len(runs) * 1.6), squeeze=False)
+    colors = {"rollout_s": "#4c72b0", "wait_exchange_s": "#bbbbbb", "update_s": "#dd8452", "other_wait": "#dddddd"}
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 1.3 + 1.6 * len(runs)), squeeze=False, sharex=True)
     for ax, (arm, scalars) in zip(axes[:, 0], runs.items()):
         names = policies_of(scalars)
-        for row, p in enumerate(names):
-            t = 0.0
-            for step in sorted(scalars[f"mwra/{p}/rollout_s"]):
-                for phase in ("rollout_s", "update_s", "wait_s"):
-                    width = scalars.get(f"mwra/{p}/{phase}", {}).get(step, 0.0)
-                    ax.barh(row, width, left=t, color=colors[phase], edgecolor="white", linewidth=0.3)
-                    t += width
-        ax.set_yticks(range(len(names)), names)
-        ax.set_title(arm, loc="left", fontsize=10)
-        ax.set_xlabel("seconds (each worker's phases, step after step)")
+        serial = folders is not None and _one_process(folders[arm])
+        rows = ["one process"] if serial else names
+        t = {row: 0.0 for row in rows}
+        steps = sorted(scalars[f"mwra/{names[0]}/rollout_s"])
+        for i, step in enumerate(steps):
+            span = step - (steps[i - 1] if i else 0)  # steps this logged point stands for
+            for p in names:
+                row = rows[0] if serial else p
+                get = lambda tag: scalars.get(f"mwra/{p}/{tag}", {}).get(step, 0.0) * span  # noqa: E731
+                widths = {"rollout_s": get("rollout_s"), "wait_exchange_s": get("wait_exchange_s"),
+                          "update_s": get("update_s"), "other_wait": get("wait_s") - get("wait_exchange_s")}
+                for phase, width in widths.items():
+                    if width > 0:
+                        ax.barh(rows.index(row), width, left=t[row], color=colors[phase], edgecolor="white",
+                                linewidth=0.3)
+                        t[row] += width
+        ax.set_yticks(range(len(rows)), rows)
+        sparse = any(b - a > 1 for a, b in zip(steps, steps[1:]))
+        lagged = "pace/read_step" in scalars  # its first max_lag steps only sampled: no step logged them
+        ax.set_title(arm + (" (logged every few steps: window means)" if sparse else "")
+                     + (" (the first max_lag steps, which only sample, are not logged: not drawn)" if lagged else ""),
+                     loc="left", fontsize=10)
+    axes[-1, 0].set_xlabel("seconds from the first step (each worker's phases, step after step)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
-    fig.legend(handles, ["rollout", "update (compose included)", "waiting for another rank"], loc="upper right",
-               ncol=3, fontsize=8)
+    fig.legend(handles, ["rollout", "waiting at the exchange", "update (compose included)", "other waits (log gather)"],
+               loc="upper right", ncol=4, fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -198,7 +221,7 @@ def report(out: Path, arms: list[str], walls: dict[str, float]) -> str:
     (out / "pace.md").write_text(text)
     (out / "pace.json").write_text(json.dumps({"arms": summaries, "walls_s": walls, "balanced_bound_s": bound,
                                                "simulated_s_per_step": sim}, indent=2, sort_keys=True))
-    timeline(runs, out / "timeline.png")
+    timeline(runs, out / "timeline.png", {arm: out / arm for arm in arms})
     return text
 
 

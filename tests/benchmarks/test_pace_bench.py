@@ -63,6 +63,17 @@ def test_the_report_reads_step_time_idle_share_and_evaluation(pace, tmp_path):
     assert (tmp_path / "timeline.png").stat().st_size > 1000 and (tmp_path / "pace.json").is_file()
 
 
+def test_a_run_logged_every_few_steps_is_timed_per_step(pace, tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "sparse"))
+    for s in (10, 20):  # log_every_n_steps 10: a window's elapsed_s is its last step's
+        writer.add_scalar("train/elapsed_s", 8.0 * s, s)
+    writer.close()
+    summary = pace.summarize(pace.read_run(tmp_path / "sparse"))
+    assert summary["s_per_step"] == pytest.approx(8.0) and summary["s_per_step_whole"] == pytest.approx(8.0)
+
+
 def test_a_run_without_the_step_clock_is_refused(pace, tmp_path):
     from torch.utils.tensorboard import SummaryWriter
 
