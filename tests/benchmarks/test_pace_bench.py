@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "pace.py"
+from benchmark_loader import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def pace():
-    spec = importlib.util.spec_from_file_location("pace_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("pace")
 
 
 def test_a_lag_cannot_beat_a_slower_mean_rate(pace):

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
 import yaml
+from benchmark_loader import load_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "real_arms.py"
 T2 = 4.303  # Student t, 97.5%, 2 degrees of freedom (3 seeds)
 EVAL_STEPS = (0, 20, 40, 60)
 CONFIG = {"seed_everything": 0, "trainer": {"eval_num_generations": 4},
@@ -30,10 +29,7 @@ GRAD = {"none": {0: 2.0, 1: 4.0, 2: 1.0}, "sgt": {0: 3.0, 1: 8.0, 2: 2.5}}
 
 @pytest.fixture(scope="module")
 def real_arms():
-    spec = importlib.util.spec_from_file_location("real_arms_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("real_arms")
 
 
 def write_run(root: Path, arm: str, seed: int, scalars: dict[str, list[tuple[int, float]]], done: bool = True):
@@ -234,9 +230,7 @@ def test_gradient_rms_counts_steps_with_no_gradient_and_pairs_the_log_ratio(stud
     ({"mean": math.nan, "ci95": math.nan, "n": 0}, "+", False, "no data"),
 ])
 def test_a_claims_verdict_reads_the_interval_not_the_mean(st, expect, ratio, verdict):
-    spec = importlib.util.spec_from_file_location("real_claims_benchmark", SCRIPT.parent / "real_claims.py")
-    claims = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(claims)
+    claims = load_benchmark("real_claims")
     assert claims.verdict(st, expect, ratio) == verdict
     with pytest.raises(ValueError, match="expect='>'"):
         claims.verdict(st, ">")

@@ -69,19 +69,24 @@ def _assert_same_run(a: dict, b: dict, what: str) -> None:
     assert a["data"] == b["data"]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Straight runs of 4 steps (checkpoint every step): colocated 1 process and disjoint 2 processes."""
+def write_stepwise_config(folder: Path, max_steps: int) -> Path:
+    """The tiny config with a checkpoint every step (all kept), one thread per worker, every SEE record type."""
     import yaml
 
     from e2e_configs import tiny_config
 
-    folder = tmp_path_factory.mktemp("mwra")
     cfg = tiny_config(folder / "cache", folder / "runs")
-    cfg["trainer"].update(max_steps=4, keep_checkpoints=10, num_threads=1)
+    cfg["trainer"].update(max_steps=max_steps, keep_checkpoints=10, num_threads=1)
     cfg["trainer"]["callbacks"][0]["init_args"] = {"record_types": ["rollout", "group_stats", "success"]}
     config = folder / "tiny.yaml"
     config.write_text(yaml.safe_dump(cfg))
+    return config
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Straight runs of 4 steps (checkpoint every step): colocated 1 process and disjoint 2 processes."""
+    config = write_stepwise_config(tmp_path_factory.mktemp("mwra"), max_steps=4)
     _ok(_mrl(config, "--trainer.version", "colocated"))
     _ok(_mrl(config, "--trainer.version", "disjoint", *DISJOINT))
     return config

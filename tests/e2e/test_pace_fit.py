@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from test_mwra_fit import DISJOINT, _assert_same_run, _ckpt, _mrl, _ok
+from test_mwra_fit import DISJOINT, _assert_same_run, _ckpt, _mrl, _ok, write_stepwise_config
 
 LAG = ["--trainer.max_lag", "2"]
 
@@ -27,16 +27,7 @@ def _assert_same_lagged_run(a: dict, b: dict, what: str) -> None:
 
 @pytest.fixture(scope="module")
 def lagged(tmp_path_factory):
-    import yaml
-
-    from e2e_configs import tiny_config
-
-    folder = tmp_path_factory.mktemp("pace")
-    cfg = tiny_config(folder / "cache", folder / "runs")
-    cfg["trainer"].update(max_steps=5, keep_checkpoints=10, num_threads=1)
-    cfg["trainer"]["callbacks"][0]["init_args"] = {"record_types": ["rollout", "group_stats", "success"]}
-    config = folder / "tiny.yaml"
-    config.write_text(yaml.safe_dump(cfg))
+    config = write_stepwise_config(tmp_path_factory.mktemp("pace"), max_steps=5)
     _ok(_mrl(config, "--trainer.version", "one", *LAG))
     _ok(_mrl(config, "--trainer.version", "two", *LAG, *DISJOINT))
     _ok(_mrl(config, "--trainer.version", "lockstep"))
