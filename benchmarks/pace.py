@@ -2,6 +2,7 @@
 
     python benchmarks/pace.py --config configs/real_small.yaml --steps 20 --out benchmarks/results/pace \
         --arm lockstep="--trainer.max_lag 0 --trainer.placement disjoint" \
+        --arm lockstep_log10="--trainer.max_lag 0 --trainer.placement disjoint --trainer.log_every_n_steps 10" \
         --arm one_process="--trainer.max_lag 0 --trainer.devices 1" \
         --arm lag2="--trainer.max_lag 2 --trainer.placement disjoint"
     python benchmarks/pace.py --out benchmarks/results/pace --read-only     # the tables and figure again
@@ -72,11 +73,12 @@ def policies_of(scalars: dict) -> list[str]:
     return sorted({tag.split("/")[1] for tag in scalars if tag.startswith("mwra/") and tag.endswith("/rollout_s")})
 
 
-def summarize(scalars: dict) -> dict:
+def summarize(scalars: dict, where: str = "") -> dict:
     """Seconds per step, idle shares and phase sums of one run (module docstring)."""
     elapsed = scalars.get("train/elapsed_s")
     if not elapsed or len(elapsed) < 2:
-        raise SystemExit("a run has fewer than two logged train/elapsed_s steps: nothing to time")
+        raise SystemExit(f"{where or 'a run'} has fewer than two logged train/elapsed_s steps: nothing to time; run more "
+                         "steps than trainer.log_every_n_steps (or add --trainer.log_every_n_steps 1 to each arm)")
     steps = sorted(elapsed)
     window = steps[1:]  # logged steps after the first: the first step's one-off costs left out
     # logged steps may be every log_every_n_steps-th: divide by steps, not by logged points
@@ -170,7 +172,7 @@ def timeline(runs: dict[str, dict], path: Path, folders: dict[str, Path] | None 
                         t[row] += width
         ax.set_yticks(range(len(rows)), rows)
         sparse = any(b - a > 1 for a, b in zip(steps, steps[1:]))
-        lagged = "pace/read_step" in scalars  # its first max_lag steps only sampled: no step logged them
+        lagged = "pace/staleness_steps" in scalars  # its first max_lag steps only sampled: no step logged them
         ax.set_title(arm + (" (logged every few steps: window means)" if sparse else "")
                      + (" (the first max_lag steps, which only sample, are not logged: not drawn)" if lagged else ""),
                      loc="left", fontsize=10)
@@ -185,7 +187,7 @@ def timeline(runs: dict[str, dict], path: Path, folders: dict[str, Path] | None 
 
 def report(out: Path, arms: list[str], walls: dict[str, float]) -> str:
     runs = {arm: read_run(out / arm) for arm in arms}
-    summaries = {arm: summarize(s) for arm, s in runs.items()}
+    summaries = {arm: summarize(s, str(out / arm)) for arm, s in runs.items()}
     base = arms[0]
     lines = ["| arm | s / step, whole run | vs " + base + " | s / step, steps 2-N | vs " + base + " | idle share per "
              "worker (wait over rollout + update + wait) | waits a step: exchange / update / log (s) | wall incl. "
@@ -227,8 +229,8 @@ def report(out: Path, arms: list[str], walls: dict[str, float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default="configs/real_small.yaml")
-    parser.add_argument("--steps", type=int, default=20, help="training steps per arm")
+    parser.add_argument("--config", default="configs/real_small.yaml", help="the config every arm runs (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=20, help="training steps per arm (default: %(default)s)")
     parser.add_argument("--out", type=Path, required=True, help="folder for the runs, pace.md, pace.json, timeline.png")
     parser.add_argument("--arm", action="append", default=[], metavar="NAME=ARGS",
                         help="an arm: its name and its mrl fit arguments; the first is the baseline")
@@ -239,15 +241,24 @@ def main(argv: list[str] | None = None) -> int:
         name, sep, extra = spec.partition("=")
         if not sep or not name:
             parser.error(f"--arm {spec!r}: give NAME=ARGS, e.g. --arm lag2='--trainer.max_lag 2'")
-        arms[name] = shlex.split(extra)
+        if name in arms:
+            parser.error(f"--arm {name!r} is given twice; give each arm its own name")
+        try:
+            arms[name] = shlex.split(extra)
+        except ValueError as exc:
+            parser.error(f"--arm {spec!r}: its arguments do not split as a shell would ({exc}); check the quotes")
+    if args.read_only and not args.out.is_dir():
+        parser.error(f"--out {str(args.out)!r} does not exist: --read-only reads the runs of an earlier invocation")
+    if not args.read_only and not arms:
+        parser.error("give at least one --arm (or --read-only)")
     args.out.mkdir(parents=True, exist_ok=True)
     walls_file = args.out / "walls.json"
     walls = json.loads(walls_file.read_text()) if walls_file.is_file() else {}
     if args.read_only:
         names = list(walls) or sorted(p.name for p in args.out.iterdir() if p.is_dir())
+        if not names:
+            parser.error(f"--out {str(args.out)!r} holds no run to read")
     else:
-        if not arms:
-            parser.error("give at least one --arm (or --read-only)")
         for name, extra in arms.items():
             walls[name] = run_arm(name, args.config, args.steps, args.out, extra)
             walls_file.write_text(json.dumps(walls, indent=2))

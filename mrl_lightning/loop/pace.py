@@ -99,7 +99,6 @@ class Pace:
             for one in scored.values():
                 mark_for_rescoring(one.rollouts)
             metrics["pace/staleness_steps"] = float(global_step - sampled_after)
-            metrics["pace/read_step"] = float(batch)
         return scored, keep
 
     # --------------------------------------------------------------- transport
@@ -246,16 +245,26 @@ class Pace:
         return out
 
 
-def check_resume_lag(counters: dict[str, Any], max_lag: int, path: str | None) -> None:
-    """Refuse to resume a checkpoint written under another ``max_lag`` (before any model is built).
+def check_resume_lag(counters: dict[str, Any], max_lag: int, path: str | None, placement=None) -> None:
+    """Refuse, before any model is built, a checkpoint written under another ``max_lag``, or one whose batches in
+    flight were sampled on another number of ranks per policy than ``placement`` gives (each rank kept its share).
 
     Raises:
-        ConfigError: the checkpoint's ``max_lag`` differs from ``trainer.max_lag``.
+        ConfigError: naming the setting, its value and the fix.
     """
     saved = int(counters.get("max_lag", 0))
     if saved != max_lag:
         raise ConfigError(f"trainer.max_lag={max_lag}, but {path} was written with max_lag={saved}: what each step "
                           f"reads from the exchange depends on it. Resume with --trainer.max_lag {saved}.")
+    sampled_on = {key.rpartition("/")[0]: int(key.rpartition("of")[2])
+                  for shards in counters.get("in_flight", {}).values() for key in shards}
+    for name, ranks in sampled_on.items():
+        now = len(placement.groups.get(name, ())) if placement is not None else ranks
+        if now != ranks:
+            raise ConfigError(
+                f"{path} holds batches of {name!r} sampled but not yet trained (trainer.max_lag={max_lag}), each "
+                f"rank's share kept, from {ranks} rank(s); this run gives {name!r} {now}. Resume with {ranks} rank(s) "
+                f"for it (trainer.devices, trainer.placement, trainer.policy_ranks).")
 
 
 def step_wait_metrics(policies: list[str], before: dict[str, float], waits: dict[str, float], step_time_s: float,

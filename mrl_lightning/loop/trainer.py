@@ -251,7 +251,7 @@ class MRLTrainer:
             raise (ConfigError(f"{exc}\n  ({self.devices_note})") if self.devices_note else exc) from exc.__cause__
         checkpoint = checked.checkpoint
         if checkpoint is not None:  # what each step reads depends on max_lag: refused before any model is built
-            check_resume_lag(checkpoint.get("counters", {}), self.max_lag, ckpt_path)
+            check_resume_lag(checkpoint.get("counters", {}), self.max_lag, ckpt_path, checked.placement)
         torch.set_num_threads(checked.threads)
         self.fabric.launch()
         watch = self._watch()

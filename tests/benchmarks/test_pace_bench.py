@@ -77,3 +77,16 @@ def test_a_run_without_the_step_clock_is_refused(pace, tmp_path):
     writer.close()
     with pytest.raises(SystemExit, match="train/elapsed_s"):
         pace.summarize(pace.read_run(tmp_path / "old"))
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--arm", "a=--x", "--arm", "a=--y"], "given twice"),
+    (["--arm", "a='--x"], "check the quotes"),
+    (["--arm", "lag2"], "give NAME=ARGS"),
+    (["--read-only"], "does not exist"),
+])
+def test_bad_arguments_are_refused_in_one_line(pace, tmp_path, capsys, argv, says):
+    out = tmp_path / "missing" if "--read-only" in argv else tmp_path
+    with pytest.raises(SystemExit) as stop:
+        pace.main(["--out", str(out), *argv])
+    assert stop.value.code == 2 and says in capsys.readouterr().err

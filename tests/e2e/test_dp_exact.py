@@ -22,7 +22,8 @@ from test_mwra_fit import _ckpt, _mrl, _ok
 pytestmark = pytest.mark.slow
 
 TWO_RANKS = ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.placement", "colocated"]
-TIMING = re.compile(r"(_time_s$|/rollout_s$|/update_s$|/wait_s$|tokens_per_s$|peak_memory|step_time_s$)")
+TIMING = re.compile(r"(_time_s$|/rollout_s$|/update_s$|/wait(_[a-z]+)?_s$|/idle_share$|/elapsed_s$|tokens_per_s$|"
+                    r"peak_memory|step_time_s$)")
 SEE = {"class_path": "mrl_lightning.callbacks.SharedExperienceExchange",
        "init_args": {"record_types": ["rollout", "group_stats", "success"]}}
 PROBES = {

@@ -64,6 +64,11 @@ def test_a_resume_with_another_lag_is_refused_before_building(lagged):
     proc = _mrl(lagged, "--trainer.version", "other", "--ckpt_path", str(mid))
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "trainer.max_lag=0" in proc.stderr and "--trainer.max_lag 2" in proc.stderr
+    # batches in flight were kept per rank: a policy on another number of ranks is refused before the build
+    proc = _mrl(lagged, "--trainer.version", "wider", "--ckpt_path", str(mid), *LAG, "--trainer.devices", "2",
+                "--trainer.strategy", "ddp", "--trainer.placement", "colocated")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "from 1 rank(s); this run gives 'gpt2' 2" in proc.stderr and "phase 'build'" not in proc.stderr
 
 
 def test_pace_and_idle_tags_are_logged(lagged):
@@ -71,8 +76,7 @@ def test_pace_and_idle_tags_are_logged(lagged):
 
     events = EventAccumulator(str(lagged.parent / "runs" / "two"))
     events.Reload()
-    assert [e.step for e in events.Scalars("pace/read_step")] == [1, 2, 3, 4, 5]
-    assert [e.value for e in events.Scalars("pace/read_step")] == [1, 2, 3, 4, 5]
+    assert [e.step for e in events.Scalars("pace/staleness_steps")] == [1, 2, 3, 4, 5]
     # batch b was sampled after min(L, b - 1) fewer updates than it is trained at
     assert [e.value for e in events.Scalars("pace/staleness_steps")] == [0, 1, 2, 2, 2]
     for policy in ("gpt2", "llama"):

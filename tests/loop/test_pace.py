@@ -122,6 +122,11 @@ def test_a_resume_on_another_placement_is_refused_when_batches_are_in_flight():
                 "in_flight": {3: {"a/0of2": {"scored": scored_state(_scored()), "keep": None}}}}
     with pytest.raises(CheckpointError, match="placement"):
         pace.load(counters)
+    # ... and before any model is built, naming the ranks: the checkpoint's 2 against this run's 1
+    with pytest.raises(ConfigError, match=r"from 2 rank\(s\); this run gives 'a' 1"):
+        check_resume_lag(counters, 1, "x.ckpt", _workers().placement)
+    wider = Placement(mode="colocated", world_size=2, groups={"a": (0, 1), "b": (0, 1)})
+    check_resume_lag(counters, 1, "x.ckpt", wider)  # the same ranks per policy: accepted
 
 
 def test_rank_zero_logs_each_window_once_through_the_logger():
