@@ -192,13 +192,13 @@ class SharedExperienceExchange(MRLCallback):
 
     def on_rollouts_end(self, ctx, system, scored: dict) -> None:
         """Publish this step's records of every rank, in the same order on every rank (with
-        ``trainer.max_lag`` L > 0: those of step ``rollout_step - L``, and staleness counts from that
-        step, ``ctx.exchange_step``; docs/mwra.md, "Pace")."""
+        ``trainer.max_lag`` L > 0: those of the batch the step trains, sampled L steps before, and
+        staleness counts from it, ``ctx.exchange_step``; docs/mwra.md, "Pace")."""
         step = ctx.rollout_step
         local = {name: self.records_by_prompt(s, step, system.policies[name], system.verifier)
                  for name, s in scored.items()}
         workers = getattr(ctx, "workers", None)
-        records = workers.exchange(local, step) if workers is not None else [
+        records = workers.exchange(local) if workers is not None else [
             r for per_policy in local.values() for per_prompt in per_policy for r in per_prompt]
         self.exchange.advance(exchange_step(ctx))  # stale records leave first, so the byte bound evicts only live ones
         self.exchange.publish(records)

@@ -1,20 +1,20 @@
 """Pace: how far one policy may run ahead of its peers, and what each step reads (docs/mwra.md, "Pace").
 
 With ``trainer.max_lag`` = L = 0 (lockstep) every step's SEE records meet in one world
-collective and every rank waits there for the slowest. With L > 0 the exchange is delayed by
-a rule of step numbers, never of timing: at its step s every rank publishes the records of its
-step s and receives the records that every policy published at step s - L (none while
-s <= L), in the order the lockstep exchange gives (:meth:`Workers.merge_ranks
+collective and every rank waits there for the slowest. With L > 0 a step samples batch s and
+trains batch s - L, by a rule of step numbers, never of timing: every rank publishes the records
+of the batch it sampled and receives those every policy published for the batch it trains, in
+the order the lockstep exchange gives (:meth:`Workers.merge_ranks
 <mrl_lightning.mwra.Workers.merge_ranks>`). What a step reads is therefore the same in two runs,
 in 1 process or several, and after a resume; a rank blocks only when a peer has not yet
-published step s - L, so it runs at most L steps ahead of the slowest.
+sampled the batch it trains, so it runs at most L batches ahead of the slowest.
 
 Transport: the key-value store of the process group Fabric set up (``torch.distributed``'s
 TCPStore; ``set`` and a blocking ``get`` under ``mrl/pace/see/<step>/<rank>``), so no world
 collective stands in the step; one process keeps the steps in a dict. The step metrics go the
 same way (``log/<step>/<rank>``): rank 0 logs a log step once every rank has published it, and
-the rest at each checkpoint and at the end, so no rank waits for the logger. Evaluation and checkpoints stay collectives:
-every rank meets there at the same step. A checkpoint after update c keeps the batches in
+the rest at each checkpoint and at the end, so no rank waits for the logger. Evaluation and
+checkpoints stay collectives: every rank meets there at the same step. A checkpoint after update c keeps the batches in
 flight (c + 1 .. c + L, sampled, not yet trained) and their records.
 """
 
@@ -62,7 +62,6 @@ class Pace:
         self._logs: list[int] = []  # rank 0: log steps published, not yet logged
         self.in_flight: dict[int, tuple[dict, dict]] = {}  # batch -> ({policy: ScoredRollouts}, {policy: kept})
         self.publish_step: int | None = None  # the batch this step sampled (its records go out)
-        self.read_step = 0  # the last batch trained (its records came in); 0 = none yet
         self.training: int | None = None  # the batch this step trains, if any
 
     # ---------------------------------------------------------------- schedule
@@ -86,7 +85,7 @@ class Pace:
         oldest = min(self.in_flight, default=None)
         if oldest is None or (rollout_step - oldest < self.max_lag and rollout_step < max_steps):
             return None
-        self.training = self.read_step = oldest
+        self.training = oldest
         return oldest
 
     def take(self, batch: int, metrics: dict[str, float], global_step: int = 0) -> tuple[dict, dict]:
@@ -129,7 +128,7 @@ class Pace:
             local: Policy name -> this rank's records, one list per prompt of its shard.
 
         Returns:
-            The records of batch :attr:`read_step` of every rank, flat, in lockstep's order; [] on a
+            The records of batch :attr:`training` of every rank, flat, in lockstep's order; [] on a
             step that trains nothing.
 
         Raises:

@@ -92,9 +92,9 @@ class MRLTrainer:
             workers.
         version: Run folder name suffix; None = next free ``version_<n>``.
         seed: Run seed of the sampling streams; None = the CLI's ``seed_everything``.
-        max_lag: Steps a policy may run ahead of its peers (docs/mwra.md, "Pace"): at step s every
-            policy reads the exchange records of step s - max_lag, so no rank waits at the exchange
-            or for the logger until it is that far ahead; 0 = lockstep (every policy reads step s).
+        max_lag: Batches a policy may run ahead of its peers (docs/mwra.md, "Pace"): step s samples
+            batch s and trains batch s - max_lag with every policy's records of it, so no rank waits
+            at the exchange or for the logger until it is that far ahead; 0 = lockstep.
 
     Raises:
         ConfigError: invalid values (all at once), an accelerator this machine does not have, or a
@@ -243,8 +243,9 @@ class MRLTrainer:
         if complete is not None:  # a requeued job of a finished run: nothing built, no run folder made
             self.print(complete)
             return
-        if lag_errors(self.max_lag, model.policies):  # before anything is built, like check_before_build's
-            raise ConfigError("Invalid trainer config:\n  - " + "\n  - ".join(lag_errors(self.max_lag, model.policies)))
+        errors = lag_errors(self.max_lag, model.policies)  # before anything is built, like check_before_build's
+        if errors:
+            raise ConfigError("Invalid trainer config:\n  - " + "\n  - ".join(errors))
         try:
             checked = check_before_build(self, model, datamodule, ckpt_path)
         except ConfigError as exc:  # say that the devices were lowered, if they were

@@ -204,16 +204,15 @@ class Workers:
                 self._collective(f"{policy} weight broadcast", dist.broadcast, tensor.data,
                                  src=self.placement.leader(policy), group=self._groups[policy])
 
-    def exchange(self, local: dict[str, list[list]], step: int = 0) -> list:
+    def exchange(self, local: dict[str, list[list]]) -> list:
         """Every rank's SEE records, on every rank, in the one order a single rank would produce.
 
-        With ``trainer.max_lag`` L > 0, the records every rank published at step ``step - L``
-        instead (:meth:`Pace.exchange <mrl_lightning.loop.pace.Pace.exchange>`; docs/mwra.md, "Pace").
+        With ``trainer.max_lag`` L > 0, the records every rank published for the batch this step
+        trains instead (:meth:`Pace.exchange <mrl_lightning.loop.pace.Pace.exchange>`; docs/mwra.md, "Pace").
 
         Args:
             local: Policy name -> this rank's records for it, one list per prompt of its shard
                 (in shard order).
-            step: The step the records carry (``rollout_step``).
 
         Returns:
             All records, flat: policies in ``model.policies`` order; within a policy, its prompts

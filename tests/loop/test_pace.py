@@ -70,7 +70,7 @@ def test_the_lagged_exchange_delivers_the_trained_batch_records_in_one_process()
     for step in (1, 2, 3):
         sampled = ({}, {}) if step <= 2 else None
         batch = pace.queue(min(step, 2), 2, sampled)
-        got.append(pace.workers.exchange({"a": [[f"a{step}"]], "b": [[f"b{step}"]]} if sampled else {}, step))
+        got.append(pace.workers.exchange({"a": [[f"a{step}"]], "b": [[f"b{step}"]]} if sampled else {}))
         if batch is not None:
             pace.take(batch, {})
     assert got == [[], ["a1", "b1"], ["a2", "b2"]]
