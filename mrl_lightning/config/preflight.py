@@ -16,8 +16,8 @@ after every rank has built its models:
 4. ``--ckpt_path``: readable, of this code's format, and of this config: policy names,
    data parts, each policy's family, kind (full / LoRA) and parameter shapes
    (:func:`~mrl_lightning.run.checkpoint.check_compatible`);
-5. the MWRA resource plan (devices, workers against cores, threads, memory:
-   :func:`~mrl_lightning.mwra.plan.plan_resources`);
+5. a ``cost`` placement chosen by predicted step (:func:`~mrl_lightning.mwra.cost.place_by_cost`), then the MWRA
+   resource plan (devices, workers against cores, threads, memory: :func:`~mrl_lightning.mwra.plan.plan_resources`);
 6. on rank 0, the run folder: not already holding a run, and writable.
 
 Earlier still, when the trainer is made: its own values (:func:`trainer_errors`, which
@@ -42,7 +42,8 @@ from mrl_lightning.config.keys import parsed_file_naming
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.model.source import ModelRecipe
 from mrl_lightning.mwra import PLACEMENTS, Placement, build_placement
-from mrl_lightning.mwra.plan import plan_resources
+from mrl_lightning.mwra.cost import place_by_cost
+from mrl_lightning.mwra.plan import eval_prompts, plan_resources
 from mrl_lightning.mwra.sharding import sharding_errors
 from mrl_lightning.mwra.strategy import PolicyGroupsStrategy
 from mrl_lightning.policy.checks import package_errors, part_errors
@@ -396,7 +397,6 @@ def check_before_build(trainer, model, datamodule, ckpt_path: str | None) -> Che
         e for p in policies.values() if isinstance(p.model_source, ModelRecipe)
         for e in p.model_source.config_errors(p, datamodule)]
     shapes, shape_errors = plan_shapes(policies, datamodule)  # configs only (LoRA on the meta device)
-    shape_errors += sharding_errors(placement, policies, datamodule.batch_size)
     _raise("Invalid policy config", errors + shape_errors or prompt_errors(policies, datamodule))  # data's prompts
     checkpoint = load_checkpoint(ckpt_path, policies=()) if ckpt_path else None  # the manifest: parts at restore
     if checkpoint is not None:
@@ -404,12 +404,15 @@ def check_before_build(trainer, model, datamodule, ckpt_path: str | None) -> Che
                          data_parts=[part.name for part in datamodule.parts],
                          models=_expected_models(policies, shapes, datamodule),
                          path=ckpt_path)
+    placement, cost_text = place_by_cost(trainer, placement, policies, shapes, datamodule.batch_size, checkpoint)
+    trainer.ctx.placement = placement
+    _raise("Invalid policy config", sharding_errors(placement, policies, datamodule.batch_size))
     plan_text, threads = plan_resources(placement, shapes, policies, datamodule.batch_size, fabric.device.type,
                                         type(fabric.strategy).__name__, trainer.precision, trainer.devices_per_node,
                                         trainer.num_threads, eval_prompts=eval_prompts(datamodule),
                                         eval_generations=trainer.eval_num_generations,
                                         compress=trainer.compress_checkpoints)
-    plan_text += source_lines(policies, datamodule)
+    plan_text += cost_text + source_lines(policies, datamodule)
     if fabric.global_rank == 0:
         check_run_folder(trainer.log_dir, trainer.default_root_dir)
     return Checked(placement, checkpoint, plan_text, threads)
@@ -422,17 +425,6 @@ def source_lines(policies: dict, datamodule) -> str:
     lines = [line for p in policies.values() if isinstance(p.model_source, ModelRecipe)
              and (line := p.model_source.describe(p, datamodule))]
     return "\nModel sources:\n" + "\n".join(f"  {line}" for line in lines) if lines else ""
-
-
-def eval_prompts(datamodule) -> int:
-    """Held-out prompts of the data's largest part, as the config gives them before the data loads: the
-    module's ``eval_size``, else its parts' largest ``eval_size``; 0 when unknown (a part evaluating on every
-    row of its ``eval_source``), so the plan does not count evaluation (docs/mwra.md, "The memory model")."""
-    size = getattr(datamodule, "eval_size", None)
-    if isinstance(size, int) and size > 0:
-        return size
-    return max([s for part in getattr(datamodule, "parts", []) if isinstance(s := getattr(part, "eval_size", 0), int)],
-               default=0)
 
 
 def _expected_models(policies: dict, shapes: dict, datamodule) -> dict[str, dict[str, Any]]:

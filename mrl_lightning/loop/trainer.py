@@ -66,8 +66,9 @@ class MRLTrainer:
             (Fabric's DDP launch and process group; gradients reduced per policy group).
         precision: Fabric precision ("32-true", "bf16-mixed", ...).
         placement: "colocated" (every policy on every rank, in turn), "disjoint" (one group
-            of ranks per policy, running at the same time) or "auto" (disjoint when the
-            ranks split evenly over the policies); docs/mwra.md.
+            of ranks per policy, running at the same time), "auto" (disjoint when the
+            ranks split evenly over the policies) or "cost" (the shortest step a short
+            calibration predicts, docs/mwra.md "Placement by cost"); docs/mwra.md.
         policy_ranks: Ranks per policy for "disjoint", e.g. ``{gpt2: 1, llama: 1}``;
             None splits the ranks evenly.
         collective_timeout_s: A rank blocked this long in a collective (another rank

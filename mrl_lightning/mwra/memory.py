@@ -50,7 +50,7 @@ The constants were measured on a CPU in float32: what autograd saves, with
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 GIB = 2**30
 
@@ -114,6 +114,7 @@ class ModelShape:
         q_width: Width of one token's queries: heads x head size; None = ``hidden``.
         intermediate: The MLP's inner width; None = ``4 * hidden``.
         eager_attention: The model runs eager attention (its scores are saved for the backward).
+        config: The ``transformers.PretrainedConfig`` it was read from (the cost calibration builds one layer of it).
     """
 
     family: str
@@ -128,6 +129,7 @@ class ModelShape:
     q_width: int | None = None
     intermediate: int | None = None
     eager_attention: bool = False
+    config: object = field(default=None, repr=False, compare=False)
 
 
 def model_shape(config) -> ModelShape:
@@ -151,7 +153,7 @@ def model_shape(config) -> ModelShape:
                       state_shapes={k: tuple(v.shape) for k, v in model.state_dict().items()},
                       kv_width=kv_heads * head_size or None, q_width=heads * head_size or None,
                       intermediate=get("intermediate_size", "n_inner") or None,
-                      eager_attention=getattr(model.config, "_attn_implementation", None) == "eager")
+                      eager_attention=getattr(model.config, "_attn_implementation", None) == "eager", config=config)
 
 
 def logit_elements(policy, rows: int, length: int, vocab: int) -> int:

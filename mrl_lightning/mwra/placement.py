@@ -10,7 +10,8 @@ Two modes:
   their policy's rollouts and updates at the same time.
 
 ``auto`` picks ``disjoint`` when there is more than one rank and the ranks split evenly
-over the policies, and ``colocated`` otherwise.
+over the policies, and ``colocated`` otherwise. ``cost`` starts from ``auto``'s and is then
+replaced by the placement with the shortest predicted step (:mod:`mrl_lightning.mwra.cost`).
 
 Groups are contiguous blocks of global ranks in the order of ``model.policies``, so on a
 node of 8 GPUs with ``{qwen: 4, llama: 4}`` qwen owns GPUs 0-3 and llama 4-7.
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 from mrl_lightning.errors import ConfigError
 
-PLACEMENTS = ("auto", "colocated", "disjoint")
+PLACEMENTS = ("auto", "colocated", "disjoint", "cost")
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,8 @@ def build_placement(
     """Resolve and validate a placement.
 
     Args:
-        mode: ``trainer.placement``: "auto", "colocated" or "disjoint".
+        mode: ``trainer.placement``: "auto", "colocated", "disjoint" or "cost" (resolved here as "auto"; the
+            cost model replaces it later, :func:`~mrl_lightning.mwra.cost.place_by_cost`).
         policy_ranks: ``trainer.policy_ranks``: ranks per policy (disjoint only); None
             splits the world evenly.
         policy_names: ``model.policies`` names, in order.
@@ -77,11 +79,16 @@ def build_placement(
     Raises:
         ConfigError: an unknown mode, ``policy_ranks`` naming an unknown policy, a policy
             with no ranks, ranks that do not add up to the world size, or ``policy_ranks``
-            with ``colocated`` (every problem at once, each naming the field and the fix).
+            with ``colocated`` or ``cost`` (every problem at once, each naming the field and the fix).
     """
     errors: list[str] = []
     if mode not in PLACEMENTS:
         raise ConfigError(f"trainer.placement={mode!r}{_nearest(str(mode), list(PLACEMENTS))}; valid: {list(PLACEMENTS)}.")
+    if mode == "cost":
+        if policy_ranks is not None:
+            raise ConfigError(f"trainer.policy_ranks={policy_ranks} with trainer.placement: cost, which chooses the "
+                              "ranks itself; remove trainer.policy_ranks, or keep it with trainer.placement: disjoint.")
+        mode = "auto"
     if mode == "auto":
         if policy_ranks is not None:
             mode = "disjoint"
@@ -220,7 +227,7 @@ def resolve_devices(accelerator: str, devices: int, placement: str, strategy: st
         flags = "--trainer.placement colocated" + (" --trainer.policy_ranks null" if policy_ranks is not None else "")
         return (f"{where}, and {own} gives each policy devices of its own; add --trainer.devices {found} {flags} "
                 f"to run every policy on the {found} device(s) in turn.")
-    placement_now = "colocated" if found == 1 and placement == "auto" else placement
+    placement_now = "colocated" if found == 1 and placement in ("auto", "cost") else placement
     ran = "ran colocated" if found == 1 or placement_now == "colocated" else f"placement {placement_now}"
     note = f"trainer.devices: asked {devices}, found {found} {kind} device(s), {ran}."
     return DeviceSettings(accelerator, found, placement_now, strategy, note)

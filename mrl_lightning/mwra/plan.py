@@ -344,6 +344,17 @@ def plan_resources(placement: Placement, shapes: dict[str, ModelShape | None], p
     return format_plan(rows, placement, framework, kernels), threads
 
 
+def eval_prompts(datamodule) -> int:
+    """Held-out prompts of the data's largest part, as the config gives them before the data loads: the
+    module's ``eval_size``, else its parts' largest ``eval_size``; 0 when unknown (a part evaluating on every
+    row of its ``eval_source``), so the plan does not count evaluation (docs/mwra.md, "The memory model")."""
+    size = getattr(datamodule, "eval_size", None)
+    if isinstance(size, int) and size > 0:
+        return size
+    return max([s for part in getattr(datamodule, "parts", []) if isinstance(s := getattr(part, "eval_size", 0), int)],
+               default=0)
+
+
 def slow_cpu_bf16_line(device_type: str, precision: str) -> str | None:
     """A warning for bf16 on an x86 CPU without bf16 matrix instructions (AVX512-BF16 or AMX); None otherwise.
 

@@ -91,6 +91,7 @@ def data_prompt_errors(policy, datamodule, tokenizer=None) -> list[str]:
         full = tok(texts)["input_ids"]
         lengths, cut = [len(x) for x in full], [x[-limit:] for x in full]
     longest = max(lengths)
+    policy._data_prompt_tokens = min(longest, limit)  # the cost model's prompt length (docs/mwra.md)
     if longest <= limit:
         return []
     first: dict[tuple, int] = {}

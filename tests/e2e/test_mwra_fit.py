@@ -167,3 +167,24 @@ def test_a_worker_that_hangs_times_out_instead_of_hanging(write_config):
     assert "rank 0 (gpt2) waited" in proc.stderr and "step 2" in proc.stderr, proc.stderr[-3000:]
     assert "raise trainer.collective_timeout_s" in proc.stderr and "Traceback" not in proc.stderr
     assert elapsed < 60, f"the run took {elapsed:.0f} s to end with a 5 s collective timeout"
+
+
+def test_placement_cost_prints_its_predictions_both_workers_run_the_choice_and_a_resume_keeps_it(tmp_path):
+    """Rank 0 calibrates and hands its choice to rank 1 (a disagreement would deadlock or fail); the resume reads
+    the placement from the checkpoint instead of calibrating again (docs/mwra.md, "Placement by cost")."""
+    config = write_stepwise_config(tmp_path, max_steps=2)
+    first = _mrl(config, "--trainer.version", "cost", "--trainer.devices", "2", "--trainer.placement", "cost")
+    _ok(first)
+    head = next(line for line in first.stdout.splitlines() if line.startswith("placement cost: "))
+    mode = head.split(":", 1)[1].split(",")[0].strip()
+    assert mode in ("colocated", "disjoint") and "to pin it: --trainer.placement " + mode in head
+    chosen = [line for line in first.stdout.splitlines() if line.startswith("  * ")]
+    assert len(chosen) == 1 and chosen[0].startswith(f"  * {mode} (") and "s a step" in chosen[0]
+    assert "one process on" in first.stdout and f"placement: {mode}, 2 worker(s)" in first.stdout
+    assert _ckpt(config, "cost")["placement"]["mode"] == mode
+    resumed = _mrl(config, "--trainer.version", "cost_resumed", "--trainer.devices", "2", "--trainer.placement",
+                   "cost", "--trainer.max_steps", "3", "--ckpt_path",
+                   str(config.parent / "runs" / "cost" / "checkpoints" / "last.ckpt"))
+    _ok(resumed)
+    assert f"placement cost: {mode}, the placement the checkpoint resumed was written under" in resumed.stdout
+    assert "calibrated in" not in resumed.stdout
