@@ -12,13 +12,13 @@ two row counts measured), ``L`` layers, ``P`` prompt tokens (the data's longest 
 measured it, else ``max_prompt_length``) and ``C`` = ``max_completion_length``::
 
     sampling = generate(R) + (L - 1) * (prefill(R) + C * decode(R)) + C * head_step(R)
-    update   = mu * (s * L * fwd_bwd(R) + head_fwd_bwd(R)) + forwards * (s * L * fwd(R) + head_fwd(R)) + T * adamw
+    update   = mu * (s * L * fwd_bwd(R) + head_fwd_bwd(R) + T * adamw) + forwards * (s * L * fwd(R) + head_fwd(R))
 
 with ``mu`` = ``num_iterations``, ``forwards`` the no-grad log-prob passes (the reference model when ``beta > 0``,
 the sampler's log-probs re-scored when ``num_iterations > 1``), ``s`` the share of prompt + completion tokens the
 update runs (``(P / G + C) / (P + C)`` when each distinct prompt runs once for its group of ``G``) and ``T`` the
 trained parameters. Every completion is taken to run to ``C`` tokens, so sampling is an upper bound where they stop
-early. A group of ``n`` ranks splits the batch's prompts and all-reduces ``4 T`` bytes of gradients a step (a ring:
+early. A group of ``n`` ranks splits the batch's prompts and all-reduces ``4 T`` bytes of gradients per optimizer step (a ring:
 ``2 (n - 1) / n`` of them at :data:`ALLREDUCE_BYTES_PER_S`, a constant, not measured). Not counted: the loop's own
 work (rewards, the exchange, the probes, logging), which for tiny models is most of a step.
 
@@ -100,7 +100,7 @@ class PolicyCost:
         body = self.layers * self.token_share
         update = (self.iterations * (body * at(self.fwd_bwd) + at(self.head_fwd_bwd))
                   + self.forwards * (body * at(self.fwd) + at(self.head_fwd))
-                  + self.trained * self.adamw_per_param)
+                  + self.iterations * self.trained * self.adamw_per_param)
         return sampling, update
 
 
@@ -143,7 +143,9 @@ def predict(costs: dict[str, PolicyCost], policies: dict, batch_size: int, ranks
     for name, cost in costs.items():
         n = ranks[name]
         sampling, update = cost.phases(policy_rows(policies[name], batch_size, n))
-        reduce_s = 2 * (n - 1) / n * 4 * cost.trained / ALLREDUCE_BYTES_PER_S.get(device, 1.0e9) if n > 1 else 0.0
+        # one gradient all-reduce per optimizer step: num_iterations a step
+        reduce_s = (cost.iterations * 2 * (n - 1) / n * 4 * cost.trained / ALLREDUCE_BYTES_PER_S.get(device, 1.0e9)
+                    if n > 1 else 0.0)
         phases[name] = (sampling, update, reduce_s)
     totals = {name: sum(p) for name, p in phases.items()}
     if mode == "disjoint":
@@ -166,13 +168,14 @@ def candidates(policy_names: list[str], world_size: int) -> list[tuple[str, dict
     return out
 
 
-def choose(costs: dict[str, PolicyCost], policies: dict, batch_size: int, world_size: int,
-           device: str) -> list[Prediction]:
+def choose(costs: dict[str, PolicyCost], policies: dict, batch_size: int, world_size: int, device: str,
+           allowed=None) -> list[Prediction]:
     """Every candidate's prediction (:func:`candidates`), shortest step first (ties: the order of
-    :func:`candidates`, colocated first). Candidates giving a policy more ranks than the batch has prompts are
-    left out."""
+    :func:`candidates`, colocated first). Left out: candidates giving a policy more ranks than the batch has
+    prompts, and those ``allowed(mode, ranks)`` refuses (the run's sharding checks). Empty when none is left."""
     found = [predict(costs, policies, batch_size, ranks, mode, device)
-             for mode, ranks in candidates(list(policies), world_size) if max(ranks.values()) <= batch_size]
+             for mode, ranks in candidates(list(policies), world_size)
+             if max(ranks.values()) <= batch_size and (allowed is None or allowed(mode, ranks))]
     return sorted(found, key=lambda p: p.step_s)
 
 
@@ -248,7 +251,7 @@ def calibrate(name: str, policy, shape, batch_size: int, device: str, precision:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from mrl_lightning.model.forward import _cache_kwarg as cache_kwarg, _output_cache as output_cache
+    import inspect
 
     saved = torch.get_num_threads()
     if threads:
@@ -275,8 +278,10 @@ def calibrate(name: str, policy, shape, batch_size: int, device: str, precision:
             full = torch.randint(0, CALIBRATION_VOCAB, (r, prompt + completion), device=device, generator=gen)
             with torch.no_grad(), cast():
                 out["prefill"].append(_best(lambda: model(input_ids=ids, use_cache=True), device))
-                cache = output_cache(model(input_ids=full[:, :prompt + completion // 2], use_cache=True))
-                step, key = full[:, -1:], cache_kwarg(model)
+                half = model(input_ids=full[:, :prompt + completion // 2], use_cache=True)
+                cache = getattr(half, "cache", None) or half.past_key_values  # "cache" in newer transformers
+                key = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+                step = full[:, -1:]
                 # the cache grows by one token a call: four calls past half a completion
                 decode = lambda: model(input_ids=step, use_cache=True, **{key: cache})  # noqa: E731
                 out["decode"].append(_best(decode, device))
@@ -311,7 +316,8 @@ def calibrate(name: str, policy, shape, batch_size: int, device: str, precision:
             p.grad = torch.zeros_like(p)
         adamw = _best(opt.step, device) / params
         trained = shape.trainable or shape.params
-        forwards = (1 if getattr(policy, "beta", 0.0) and not getattr(policy, "use_peft", False) else 0) + (
+        # a LoRA policy's reference is its base with the adapter off: no memory of its own, but a forward all the same
+        forwards = (1 if getattr(policy, "beta", 0.0) else 0) + (
             1 if (getattr(policy, "num_iterations", 1) or 1) > 1 else 0)
         shared = getattr(policy, "share_prompt_forward", False) and not getattr(policy, "gradient_checkpointing", False)
         return PolicyCost(policy=name, token_share=(prompt / group + completion) / (prompt + completion) if shared else 1.0, rows=rows, layers=shape.layers, prompt=prompt, completion=completion,
@@ -323,8 +329,9 @@ def calibrate(name: str, policy, shape, batch_size: int, device: str, precision:
 
 
 CHOICE_ENV = "MRL_PLACEMENT_BY_COST"
-"""The placement the launching rank chose, as JSON ``{"mode": ..., "groups": {policy: [ranks]}}``, for the workers it
-starts: every rank runs the one calibration's choice, never its own."""
+"""The placement the launching rank runs under ``cost``, as JSON ``{"world": W, "mode": ..., "groups": {policy:
+[ranks]}}``, written whatever decided it (a fallback included), for the workers it starts: every rank runs the one
+calibration's choice, never its own; a worker refuses one of another world or other policies."""
 
 
 def _placement_of(mode: str, ranks: dict[str, int], world_size: int):
@@ -344,12 +351,17 @@ def place_by_cost(trainer, placement, policies: dict, shapes: dict, batch_size: 
     1. one rank or one policy: nothing to choose (the count rule's placement);
     2. a resumed run keeps the placement its checkpoint was written under, so it computes what the uninterrupted
        run did;
-    3. a worker started by ``mrl`` takes the choice its launching rank made (:data:`CHOICE_ENV`);
+    3. a worker started by ``mrl`` takes the choice its launching rank made (:data:`CHOICE_ENV`), and refuses one
+       of another world size or other policies;
     4. ranks started outside ``mrl`` (torchrun, SLURM, several nodes) keep the count rule, saying so: each would
        calibrate on its own and could choose differently;
     5. else this process (rank 0, before it starts the workers) calibrates every policy (:func:`calibrate`, at a
        worker's threads, and on a CPU also at every core's for the one-process line) and runs :func:`choose`'s
-       first. A calibration that fails keeps the count rule and says why in one line.
+       first, among the placements the run's sharding checks accept. A calibration that fails, or no placement
+       that passes, keeps the count rule and says why in one line.
+
+    Raises:
+        ConfigError: a worker without its launching rank's choice (step 3).
     """
     import json
     import os
@@ -357,47 +369,64 @@ def place_by_cost(trainer, placement, policies: dict, shapes: dict, batch_size: 
 
     import torch
 
+    from mrl_lightning.errors import ConfigError
     from mrl_lightning.lifeline import is_launched_worker
     from mrl_lightning.mwra.placement import Placement
 
     world = placement.world_size
     if trainer.placement_mode != "cost":
         return placement, ""
+
+    def handed(chosen, text: str):  # what this rank runs, and what the workers it starts will run (never a stale one)
+        if not is_launched_worker():
+            os.environ[CHOICE_ENV] = json.dumps({"world": world, "mode": chosen.mode,
+                                                 "groups": {k: list(v) for k, v in chosen.groups.items()}})
+        return chosen, text
+
     if world == 1 or len(policies) == 1:
-        return placement, f"\nplacement cost: {placement.mode} (one rank or one policy: nothing to choose)"
+        return handed(placement, f"\nplacement cost: {placement.mode} (one rank or one policy: nothing to choose)")
     saved = (checkpoint or {}).get("placement") or {}
     groups = {k: tuple(v) for k, v in (saved.get("groups") or {}).items()}
     if groups and set(groups) == set(policies) and max(r for g in groups.values() for r in g) + 1 == world:
         kept = Placement(saved["mode"], {name: groups[name] for name in policies}, world)
-        return kept, f"\nplacement cost: {kept.mode}, the placement the checkpoint resumed was written under"
-    chosen = os.environ.get(CHOICE_ENV)
-    if chosen and is_launched_worker():
-        choice = json.loads(chosen)
-        return _placement_of(choice["mode"], choice["ranks"], world), ""
+        return handed(kept, f"\nplacement cost: {kept.mode}, the placement the checkpoint resumed was written under")
+    if is_launched_worker():
+        choice = json.loads(os.environ.get(CHOICE_ENV) or "{}")
+        if choice.get("world") != world or set(choice.get("groups") or {}) != set(policies):
+            raise ConfigError(f"trainer.placement: cost: this worker found no placement from rank 0 for {world} ranks "
+                              f"and policies {list(policies)} ({CHOICE_ENV}={os.environ.get(CHOICE_ENV)!r}); start "
+                              "the run with mrl fit, or pin trainer.placement and trainer.policy_ranks.")
+        return Placement(choice["mode"], {name: tuple(choice["groups"][name]) for name in policies}, world), ""
     env = getattr(trainer.fabric.strategy, "cluster_environment", None)
     if getattr(env, "creates_processes_externally", False) or getattr(trainer, "num_nodes", 1) > 1:
         return placement, (f"\nplacement cost: {placement.mode} by the rank count (ranks started outside mrl cannot "
                            "share one calibration; pin trainer.placement and trainer.policy_ranks)")
+    from mrl_lightning.mwra.process import omp_threads
+    from mrl_lightning.mwra.sharding import sharding_errors
+
     device = trainer.fabric.device.type
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = trainer.num_threads or max(1, cores // trainer.devices_per_node)
-    start, alone = clock.perf_counter(), None
+    threads = trainer.num_threads or omp_threads() or max(1, cores // trainer.devices_per_node)  # as the plan's
+    allowed = lambda mode, ranks: not sharding_errors(_placement_of(mode, ranks, world), policies,  # noqa: E731
+                                                      batch_size)
+    start, alone, saved_threads = clock.perf_counter(), None, torch.get_num_threads()
     try:
         costs = {name: calibrate(name, policies[name], shapes[name], batch_size, device, trainer.precision,
                                  threads if device == "cpu" else None) for name in policies}
-        found = choose(costs, policies, batch_size, world, device)
+        found = choose(costs, policies, batch_size, world, device, allowed)
         if device == "cpu" and cores > threads:
             wide = {name: calibrate(name, policies[name], shapes[name], batch_size, device, trainer.precision, cores)
                     for name in policies}
             alone = predict(wide, policies, batch_size, {name: 1 for name in policies}, "one process", device)
     except Exception as exc:  # noqa: BLE001 - a prediction must never stop a run that can run
-        return placement, (f"\nplacement cost: {placement.mode} by the rank count (the calibration failed: "
-                           f"{type(exc).__name__}: {exc})")
+        return handed(placement, f"\nplacement cost: {placement.mode} by the rank count (the calibration failed: "
+                                 f"{type(exc).__name__}: {exc})")
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(saved_threads)
+    if not found:  # no placement passes the checks: the count rule's, which the plan then reports
+        return handed(placement, f"\nplacement cost: {placement.mode} by the rank count (no placement of {world} "
+                                 "ranks passes the plan's checks)")
     best = found[0]
-    placement = _placement_of(best.mode, best.ranks, world)
-    os.environ[CHOICE_ENV] = json.dumps({"mode": best.mode, "ranks": best.ranks})
     pin = f"--trainer.placement {best.mode}" + (
         f" --trainer.policy_ranks '{json.dumps(best.ranks)}'" if best.mode == "disjoint" else "")
     lines = [f"placement cost: {best.mode}, the shortest predicted step (calibrated in "
@@ -407,4 +436,4 @@ def place_by_cost(trainer, placement, policies: dict, shapes: dict, batch_size: 
     if alone is not None:
         lines.append(f"    for comparison, {alone.line().replace('one process', f'one process on {cores} threads', 1)}"
                      " (--trainer.devices 1)")
-    return placement, "\n" + "\n".join(lines)
+    return handed(_placement_of(best.mode, best.ranks, world), "\n" + "\n".join(lines))

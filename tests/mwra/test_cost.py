@@ -97,3 +97,46 @@ def test_placement_cost_resolves_as_auto_until_the_cost_model_runs_and_refuses_p
         build_placement("cost", {"a": 1, "b": 1}, ["a", "b"], 2)
     got = resolve_devices("cuda", 2, "cost", "auto", {"cuda": 1})
     assert (got.devices, got.placement) == (1, "colocated")
+
+
+def test_num_iterations_repeat_the_optimizer_step_and_the_all_reduce():
+    once, twice = unit_cost("a", 0.0, trained=10**6), unit_cost("a", 0.0, trained=10**6)
+    once.adamw_per_param = twice.adamw_per_param = 1e-6
+    twice.iterations = 2
+    assert twice.phases(8)[1] == pytest.approx(2 * once.phases(8)[1]) and once.phases(8)[1] == pytest.approx(1.0)
+    policies = {"a": POLICY, "b": POLICY}
+    one = predict({"a": once, "b": unit_cost("b", 0.0)}, policies, 4, {"a": 2, "b": 2}, "colocated")
+    two = predict({"a": twice, "b": unit_cost("b", 0.0)}, policies, 4, {"a": 2, "b": 2}, "colocated")
+    assert one.phases["a"][2] > 0 and two.phases["a"][2] == pytest.approx(2 * one.phases["a"][2])
+
+
+def test_the_choice_keeps_only_placements_the_checks_allow_and_may_be_empty():
+    costs, policies = {"a": unit_cost("a", 0.01), "b": unit_cost("b", 0.03)}, {"a": POLICY, "b": POLICY}
+    kept = choose(costs, policies, 4, 2, "cpu", allowed=lambda mode, ranks: mode == "disjoint")
+    assert [p.mode for p in kept] == ["disjoint"]
+    assert choose(costs, policies, 1, 4, "cpu") == []  # one prompt a step: no placement of 4 ranks gives each one
+
+
+def _trainer(world: int):
+    fabric = types.SimpleNamespace(strategy=types.SimpleNamespace(cluster_environment=None),
+                                   device=types.SimpleNamespace(type="cpu"))
+    return types.SimpleNamespace(placement_mode="cost", fabric=fabric, num_threads=1, devices_per_node=world,
+                                 num_nodes=1, precision="32-true")
+
+
+def test_rank_0_hands_its_placement_on_even_when_it_falls_back_and_a_worker_refuses_another(monkeypatch):
+    import mrl_lightning.lifeline as lifeline
+    from mrl_lightning.mwra import cost as cost_module
+    from mrl_lightning.mwra.cost import CHOICE_ENV, place_by_cost
+
+    names, placement = {"a": POLICY, "b": POLICY}, build_placement("cost", None, ["a", "b"], 2)
+    monkeypatch.setenv(CHOICE_ENV, '{"world": 2, "mode": "colocated", "groups": {"a": [0, 1], "b": [0, 1]}}')  # stale
+    monkeypatch.setattr(lifeline, "is_launched_worker", lambda: False)
+    monkeypatch.setattr(cost_module, "calibrate", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no layer")))
+    chosen, text = place_by_cost(_trainer(2), placement, names, {"a": None, "b": None}, 4, None)
+    assert chosen.mode == "disjoint" and "the calibration failed: RuntimeError: no layer" in text
+    monkeypatch.setattr(lifeline, "is_launched_worker", lambda: True)  # the worker it starts runs the same
+    assert place_by_cost(_trainer(2), placement, names, {}, 4, None)[0] == chosen
+    monkeypatch.setenv(CHOICE_ENV, '{"world": 2, "mode": "colocated", "groups": {"x": [0, 1], "y": [0, 1]}}')
+    with pytest.raises(ConfigError, match="found no placement from rank 0 for 2 ranks and policies"):
+        place_by_cost(_trainer(2), placement, names, {}, 4, None)
