@@ -17,7 +17,7 @@ after every rank has built its models:
    data parts, each policy's family, kind (full / LoRA) and parameter shapes
    (:func:`~mrl_lightning.run.checkpoint.check_compatible`);
 5. a ``cost`` placement chosen by predicted step (:func:`~mrl_lightning.mwra.cost.place_by_cost`; the callbacks'
-   and the sharding checks of step 3 again when it changed the placement), then the MWRA
+   checks again when it changed the placement, and each policy's group against its sharding), then the MWRA
    resource plan (devices, workers against cores, threads, memory: :func:`~mrl_lightning.mwra.plan.plan_resources`);
 6. on rank 0, the run folder: not already holding a run, and writable.
 
@@ -398,7 +398,8 @@ def check_before_build(trainer, model, datamodule, ckpt_path: str | None) -> Che
         e for p in policies.values() if isinstance(p.model_source, ModelRecipe)
         for e in p.model_source.config_errors(p, datamodule)]
     shapes, shape_errors = plan_shapes(policies, datamodule)  # configs only (LoRA on the meta device)
-    shape_errors += sharding_errors(placement, policies, datamodule.batch_size)
+    if trainer.placement_mode != "cost":  # cost checks the placement it chooses (step 5)
+        shape_errors += sharding_errors(placement, policies, datamodule.batch_size)
     _raise("Invalid policy config", errors + shape_errors or prompt_errors(policies, datamodule))  # data's prompts
     checkpoint = load_checkpoint(ckpt_path, policies=()) if ckpt_path else None  # the manifest: parts at restore
     if checkpoint is not None:
@@ -410,6 +411,7 @@ def check_before_build(trainer, model, datamodule, ckpt_path: str | None) -> Che
     if placement != trainer.ctx.placement:  # chosen by cost: the callbacks' checks again, on the placement run
         trainer.ctx.placement = placement
         _raise("Invalid callbacks config", [e for cb in trainer.callbacks for e in cb.config_errors(trainer.ctx, model)])
+    if trainer.placement_mode == "cost":
         _raise("Invalid policy config", sharding_errors(placement, policies, datamodule.batch_size))
     plan_text, threads = plan_resources(placement, shapes, policies, datamodule.batch_size, fabric.device.type,
                                         type(fabric.strategy).__name__, trainer.precision, trainer.devices_per_node,

@@ -188,3 +188,15 @@ def test_placement_cost_prints_its_predictions_both_workers_run_the_choice_and_a
     _ok(resumed)
     assert f"placement cost: {mode}, the placement the checkpoint resumed was written under" in resumed.stdout
     assert "calibrated in" not in resumed.stdout
+
+
+def test_placement_cost_with_fsdp_policies_chooses_among_the_placements_fsdp_accepts(tmp_path):
+    """auto's disjoint split gives each FSDP policy one rank, which FSDP refuses: cost must check the placement it
+    chooses, not auto's (here only colocated passes)."""
+    proc = _mrl(REPO / "configs" / "default.yaml", "--config", str(REPO / "configs" / "fsdp.yaml"),
+                "--trainer.placement", "cost", "--trainer.max_steps", "1", "--trainer.eval_every_n_steps", "0",
+                "--trainer.checkpoint_every_n_steps", "0", "--trainer.default_root_dir", str(tmp_path / "runs"))
+    _ok(proc)
+    chosen = [line for line in proc.stdout.splitlines() if line.startswith("  * ")]
+    assert len(chosen) == 1 and chosen[0].startswith("  * colocated (gpt2: 2, llama: 2)")
+    assert "    disjoint" not in proc.stdout  # refused by FSDP's sharding check, so not a candidate
