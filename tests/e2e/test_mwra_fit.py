@@ -190,6 +190,7 @@ def test_placement_cost_prints_its_predictions_both_workers_run_the_choice_and_a
     assert "calibrated in" not in resumed.stdout
 
 
+@pytest.mark.slow  # the default test run is near its 10-minute budget; CI runs -m slow in its own step
 def test_placement_cost_with_fsdp_policies_chooses_among_the_placements_fsdp_accepts(tmp_path):
     """auto's disjoint split gives each FSDP policy one rank, which FSDP refuses: cost must check the placement it
     chooses, not auto's (here only colocated passes)."""
