@@ -311,7 +311,6 @@ def calibrate(name: str, policy, shape, batch_size: int, device: str, precision:
                 out["head_step"].append(_best(head_step, device) * scale)
             out["head_fwd_bwd"].append(_best(head_fwd_bwd, device) * scale)
             out["head_fwd"].append(_best(head_fwd, device) * scale)
-        model.zero_grad(set_to_none=False)
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
         adamw = _best(opt.step, device) / params
@@ -401,11 +400,11 @@ def place_by_cost(trainer, placement, policies: dict, shapes: dict, batch_size: 
     if getattr(env, "creates_processes_externally", False) or getattr(trainer, "num_nodes", 1) > 1:
         return placement, (f"\nplacement cost: {placement.mode} by the rank count (ranks started outside mrl cannot "
                            "share one calibration; pin trainer.placement and trainer.policy_ranks)")
-    from mrl_lightning.mwra.process import omp_threads
+    from mrl_lightning.mwra.process import available_cores, omp_threads
     from mrl_lightning.mwra.sharding import sharding_errors
 
     device = trainer.fabric.device.type
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = available_cores()
     threads = trainer.num_threads or omp_threads() or max(1, cores // trainer.devices_per_node)  # as the plan's
     allowed = lambda mode, ranks: not sharding_errors(_placement_of(mode, ranks, world), policies,  # noqa: E731
                                                       batch_size)

@@ -35,7 +35,12 @@ from mrl_lightning.mwra.memory import (  # noqa: F401 - also from here
     policy_memory_terms,
 )
 from mrl_lightning.mwra.placement import Placement
-from mrl_lightning.mwra.process import omp_threads, peak_memory_gib, process_rss_bytes  # noqa: F401 - also from here
+from mrl_lightning.mwra.process import (  # noqa: F401 - also from here
+    available_cores,
+    omp_threads,
+    peak_memory_gib,
+    process_rss_bytes,
+)
 
 
 @dataclass
@@ -325,7 +330,7 @@ def plan_resources(placement: Placement, shapes: dict[str, ModelShape | None], p
     """
     import torch
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = available_cores()
     threads = num_threads or omp_threads() or max(1, cores // devices_per_node)
     rows = build_plan(placement, shapes, policies, batch_size, device, strategy, precision, threads, **workload)
     framework = process_rss_bytes() / GIB if device == "cpu" else 0.0

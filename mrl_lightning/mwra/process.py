@@ -17,6 +17,11 @@ def process_rss_bytes() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity where the OS reports one, else the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def omp_threads() -> int | None:
     """``OMP_NUM_THREADS`` as a positive int, or None when unset or not one (threads per worker)."""
     value = os.environ.get("OMP_NUM_THREADS", "").strip()
