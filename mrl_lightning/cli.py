@@ -2,7 +2,8 @@
 
 ``mrl fit --config configs/default.yaml [--config callbacks/sgt.yaml] [--trainer.max_steps N]``
 runs training through LightningCLI (:class:`mrl_lightning.commands.fit.MRLCLI`); ``mrl fit
---help`` lists every option. ``mrl thl ...`` (THL alignment report, ``docs/thl.md``) and
+--help`` lists every option. ``mrl replay`` (the same CLI) trains a run's policy again against its peers'
+records in the run's exchange log (:mod:`mrl_lightning.loop.replay`). ``mrl thl ...`` (THL alignment report, ``docs/thl.md``) and
 ``mrl bandit ...`` (contextual-bandit analysis, ``docs/bandit.md``) and ``mrl export ...`` (a
 trained policy as a ``save_pretrained`` folder, :mod:`mrl_lightning.commands.export`) are plain sub-programs.
 
@@ -20,10 +21,12 @@ import sys
 
 from mrl_lightning.lifeline import INTERRUPTED_AT_START, is_launched_worker, tie_to_launcher
 
-USAGE = """usage: mrl {fit,export,thl,bandit} ...
+USAGE = """usage: mrl {fit,replay,export,thl,bandit} ...
 
   mrl fit --config configs/default.yaml [--config callbacks/sgt.yaml] [--trainer.max_steps N] ...
         train the policies (LightningCLI; `mrl fit --help` lists every option)
+  mrl replay --config RUN/config.yaml --exchange_log RUN/exchange.jsonl --policies NAME [--trainer.devices 1]
+        train one policy again, its peers' records read from the run's exchange log (docs/see.md, "Replay")
   mrl export --run runs/default/version_0 --policy gpt2 --out DIR
         a trained policy (LoRA merged) as a save_pretrained folder (`mrl export --help`)
   mrl thl --source TOKENIZER --target TOKENIZER [--text-file FILE]
@@ -33,7 +36,7 @@ USAGE = """usage: mrl {fit,export,thl,bandit} ...
 
 Documentation: docs/README.md
 """
-COMMANDS = ("fit", "export", "thl", "bandit")
+COMMANDS = ("fit", "replay", "export", "thl", "bandit")
 
 
 def __getattr__(name: str):

@@ -89,6 +89,8 @@ class HookContext:
         max_lag: ``trainer.max_lag``: a step trains the batch sampled this many steps before (docs/mwra.md, "Pace").
         trained_batch: With a lag, the batch this step trains (None in lockstep: the one it sampled).
         services: Services provided by callbacks, by name (``"exchange"``: the SEE buffer).
+        replay: Under ``mrl replay``, the :class:`~mrl_lightning.loop.replay.ReplayLog` of the policies whose
+            records come from the run's exchange log (docs/see.md, "Replay"); None otherwise.
     """
 
     callbacks: list = field(default_factory=list)
@@ -103,6 +105,7 @@ class HookContext:
     max_lag: int = 0
     trained_batch: int | None = None
     services: dict[str, Any] = field(default_factory=dict)
+    replay: Any = None
 
     @property
     def exchange_step(self) -> int:

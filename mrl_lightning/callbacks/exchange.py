@@ -193,10 +193,13 @@ class SharedExperienceExchange(MRLCallback):
     def on_rollouts_end(self, ctx, system, scored: dict) -> None:
         """Publish this step's records of every rank, in the same order on every rank (with
         ``trainer.max_lag`` L > 0: those of the batch the step trains, sampled L steps before, and
-        staleness counts from it, ``ctx.exchange_step``; docs/mwra.md, "Pace")."""
+        staleness counts from it, ``ctx.exchange_step``; docs/mwra.md, "Pace"). Under ``mrl replay`` the logged
+        policies' records of the batch sampled come from the run's log (docs/see.md, "Replay")."""
         step = ctx.rollout_step
         local = {name: self.records_by_prompt(s, step, system.policies[name], system.verifier)
                  for name, s in scored.items()}
+        if scored and getattr(ctx, "replay", None) is not None:  # mrl replay: the logged policies' batch `step`
+            local.update(ctx.replay.records(step))
         workers = getattr(ctx, "workers", None)
         records = workers.exchange(local) if workers is not None else [
             r for per_policy in local.values() for per_prompt in per_policy for r in per_prompt]

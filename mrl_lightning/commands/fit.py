@@ -22,6 +22,7 @@ from mrl_lightning.errors import ConfigError
 from mrl_lightning.lifeline import is_launched_worker
 from mrl_lightning.config.preflight import (policy_override_notes, quick_package_errors, quick_policy_errors,
                                     quick_trainer_errors, trainer_errors)
+from mrl_lightning.loop.replay import one_process
 from mrl_lightning.loop.system import MutualRL
 from mrl_lightning.loop.trainer import MRLTrainer
 
@@ -46,14 +47,15 @@ class MRLCLI(LightningCLI):
             run=run,
             # allow_abbrev=False: --trainer.max_step is refused, not read as --trainer.max_steps
             # (subcommand parsers copy it from the main parser; mrl_lightning.config.keys).
-            parser_kwargs={"description": DESCRIPTION, "allow_abbrev": False, "fit": {"default_env": False}},
+            parser_kwargs={"description": DESCRIPTION, "allow_abbrev": False, "fit": {"default_env": False},
+                           "replay": {"default_env": False}},
             parser_class=MRLArgumentParser,  # names the nearest valid key after an unknown one
         )
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
-        """Only ``fit`` is implemented; model and datamodule come from the config."""
-        return {"fit": {"model", "datamodule"}}
+        """``fit``, and ``replay`` (:mod:`mrl_lightning.loop.replay`); model and datamodule come from the config."""
+        return {"fit": {"model", "datamodule"}, "replay": {"model", "datamodule"}}
 
     def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # MRLTrainer owns a Fabric; it is added without Trainer's assumptions.
@@ -101,10 +103,18 @@ class MRLCLI(LightningCLI):
 
         The model and data classes are built before the trainer, and the data's may import its
         libraries (reasoning-gym: about a second); a bad ``--trainer.*`` value is reported
-        without waiting for them (:func:`mrl_lightning.config.preflight.trainer_errors`).
+        without waiting for them (:func:`mrl_lightning.config.preflight.trainer_errors`). ``mrl replay``
+        runs in one process: its trainer settings are replaced first, in one line
+        (:func:`mrl_lightning.loop.replay.one_process`).
         """
         section = self._get(self.config, "trainer")
         values = section.as_dict() if hasattr(section, "as_dict") else dict(section or {})
+        if self.subcommand == "replay":  # one process (mrl_lightning.loop.replay.one_process), said in one line
+            changes, note = one_process(values)
+            for key, value in changes.items():
+                section[key] = values[key] = value
+            if note:
+                print(note, file=sys.stderr, flush=True)
         errors = trainer_errors(**values)
         if errors:
             raise ConfigError("Invalid trainer config:\n  - " + "\n  - ".join(errors))
@@ -134,6 +144,8 @@ class MRLCLI(LightningCLI):
 
     def before_fit(self) -> None:
         """Hand the resolved config to the trainer, which saves it in the run folder."""
-        self.trainer.config_text = self._parser("fit").dump(self.config["fit"], skip_none=False)
+        self.trainer.config_text = self._parser(self.subcommand).dump(self.config[self.subcommand], skip_none=False)
         if self.trainer.seed is None:
-            self.trainer.seed = self.config["fit"].get("seed_everything")
+            self.trainer.seed = self.config[self.subcommand].get("seed_everything")
+
+    before_replay = before_fit

@@ -105,7 +105,7 @@ def _read_argv(argv: list[str]) -> list[tuple[str, Any]] | None:
     """
     import yaml
 
-    args = argv[1:] if argv[:1] == ["fit"] else list(argv)
+    args = argv[1:] if argv[:1] in (["fit"], ["replay"]) else list(argv)
     events: list[tuple[str, Any]] = []
     i = 0
     while i < len(args):

@@ -108,3 +108,21 @@ def done_line(step: int, last_checkpoint: Path, root_dir: str) -> str:
     last = shlex.quote(str(last_checkpoint))
     return (f"Done at step {step}. Checkpoint: {last} (continue to a larger trainer.max_steps with --ckpt_path "
             f"{last}). Logs: tensorboard --logdir {shlex.quote(str(root_dir))}")
+
+
+def stop_context(trainer, watch):
+    """The :class:`~mrl_lightning.run.stop.StopContext` of ``trainer``'s rank: what ``mrl`` says when the run stops."""
+    from mrl_lightning.lifeline import is_launched_worker
+    from mrl_lightning.run.stop import StopContext
+
+    placement = trainer.ctx.placement
+    stopped_in = trainer.workers.stopped_in if trainer.workers is not None else None
+    if stopped_in is None and trainer.global_step >= trainer.max_steps:
+        stopped_in = ("finish", trainer.global_step)
+    return StopContext(
+        rank=trainer.fabric.global_rank, world_size=trainer.fabric.world_size, launched_worker=is_launched_worker(),
+        watch=watch, policies_of=placement.policies_on if placement is not None else (lambda rank: []),
+        interrupted_line=lambda: interrupted_line(trainer.global_step, trainer.last_checkpoint_path,
+                                                  trainer.checkpoint_every_n_steps, stopped_in and stopped_in[0]),
+        traceback_dir=trainer.log_dir if Path(trainer.log_dir).is_dir() else None, stopped_in=stopped_in,
+        last_checkpoint=trainer.last_checkpoint_path)

@@ -43,17 +43,17 @@ from mrl_lightning.mwra.process import peak_memory_gib, release_free_memory
 from mrl_lightning.objectives.aux_share import term_names
 from mrl_lightning.config.preflight import check_before_build, make_fabric, trainer_errors
 from mrl_lightning.loop.pace import Pace, check_resume_lag, lag_errors, step_wait_metrics
-from mrl_lightning.loop.progress import RunProgress, done_line, interrupted_line
+from mrl_lightning.loop.progress import RunProgress, done_line, stop_context
+from mrl_lightning.loop.replay import Replay, ReplayLog
 from mrl_lightning.loop.reporting import evaluate_step, rollout_metrics
 from mrl_lightning.run.state import (complete_run_line, restore_run_checkpoint, save_run_checkpoint,
                                           write_run_files)
-from mrl_lightning.run.stop import StopContext
 from mrl_lightning.update.policy_update import mark_for_rescoring, new_train_batch, policy_update, sampling_precision
 
 FULL_PRECISION = ("32-true", "32", "64-true", "64")
 
 
-class MRLTrainer:
+class MRLTrainer(Replay):
     """Trainer for :class:`~mrl_lightning.loop.system.MutualRL` (LightningCLI ``--trainer.*``).
 
     Args:
@@ -165,6 +165,7 @@ class MRLTrainer:
         self.config_text: str | None = None
         self.last_eval: dict[str, float] = {}
         self._modules: dict[str, tuple[Any, Any]] = {}
+        self.replay_log: ReplayLog | None = None  # set by replay()
 
     global_step = InContext("Training steps done (``ctx.global_step``).")
     rollout_step = InContext("Rollout phases done (``ctx.rollout_step``).")
@@ -219,25 +220,12 @@ class MRLTrainer:
             with contextlib.suppress(Exception):
                 self.logger.finalize("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
             with contextlib.suppress(Exception):  # never hide the exception behind one of its own
-                exc.mrl_stop = self._stop_context(watch)
+                exc.mrl_stop = stop_context(self, watch)
             raise
 
     def _watch(self):
         """Rank 0's watch of the workers it launched (None in a worker, one process, torchrun or SLURM)."""
         return getattr(getattr(self.fabric.strategy, "launcher", None), "watch", None)
-
-    def _stop_context(self, watch) -> StopContext:
-        placement = self.ctx.placement
-        stopped_in = self.workers.stopped_in if self.workers is not None else None
-        if stopped_in is None and self.global_step >= self.max_steps:
-            stopped_in = ("finish", self.global_step)
-        return StopContext(
-            rank=self.fabric.global_rank, world_size=self.fabric.world_size, launched_worker=is_launched_worker(),
-            watch=watch, policies_of=placement.policies_on if placement is not None else (lambda rank: []),
-            interrupted_line=lambda: interrupted_line(self.global_step, self.last_checkpoint_path,
-                                                      self.checkpoint_every_n_steps, stopped_in and stopped_in[0]),
-            traceback_dir=self.log_dir if Path(self.log_dir).is_dir() else None, stopped_in=stopped_in,
-            last_checkpoint=self.last_checkpoint_path)
 
     def _fit(self, model, datamodule, ckpt_path: str | None) -> None:
         complete = complete_run_line(ckpt_path, self.max_steps)
@@ -254,12 +242,14 @@ class MRLTrainer:
         checkpoint = checked.checkpoint
         if checkpoint is not None:  # what each step reads depends on max_lag: refused before any model is built
             check_resume_lag(checkpoint.get("counters", {}), self.max_lag, ckpt_path, checked.placement)
-        torch.set_num_threads(checked.threads)
         self.fabric.launch()
+        torch.set_num_threads(checked.threads)  # after: Lightning's launcher sets cores // processes without OMP_NUM_THREADS
         watch = self._watch()
         if watch is not None:  # what the watch prints if Ctrl-C cannot reach a blocked main thread
-            watch.interrupted_line = lambda: self._stop_context(watch).interrupted_line()
+            watch.interrupted_line = lambda: stop_context(self, watch).interrupted_line()
         self.workers = w = Workers(checked.placement, self.fabric.global_rank, self.collective_timeout_s)
+        if self.replay_log is not None:  # the logged policies run nowhere: their records come from the log
+            w.local_policies, self.ctx.replay = [n for n in w.local_policies if n not in self.replay_log.logged], self.replay_log
         w.pace = self.pace = Pace(w, self.max_lag, self.collective_timeout_s, self.fabric.device, self.fabric.log_dict)
         self.logger._version = w.broadcast_from_zero(self.logger.version, "run folder")
         self.ctx.workers, self.ctx.log_dir, self.ctx.is_global_zero = w, self.log_dir, self.is_global_zero

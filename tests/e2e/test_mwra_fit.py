@@ -26,14 +26,18 @@ REPO = Path(__file__).resolve().parents[2]
 DISJOINT = ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.placement", "disjoint"]
 
 
-def _mrl(config: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    """Run ``mrl fit`` in a new session; return when the main process (rank 0) ends, then kill leftovers.
+def _mrl(config: Path, *extra: str, timeout: float = 240, command: str = "fit",
+         omp_num_threads: str | None = "1") -> subprocess.CompletedProcess:
+    """Run ``mrl <command>`` (``fit``) in a new session; return when the main process (rank 0) ends, then kill
+    leftovers. ``omp_num_threads``: the ``OMP_NUM_THREADS`` it runs with, None = unset.
 
     Output goes to files, not pipes: a rank that outlives rank 0 would hold a pipe open.
     """
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "tests" / "e2e"), str(REPO)]),
-               OMP_NUM_THREADS="1")
-    args = [sys.executable, "-m", "mrl_lightning.cli", "fit", "--config", str(config), *extra]
+               OMP_NUM_THREADS=omp_num_threads or "")
+    if omp_num_threads is None:
+        del env["OMP_NUM_THREADS"]
+    args = [sys.executable, "-m", "mrl_lightning.cli", command, "--config", str(config), *extra]
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(args, stdout=out, stderr=err, env=env, text=True, start_new_session=True)
         try:

@@ -1,0 +1,91 @@
+"""``mrl replay`` end to end (docs/see.md, "Replay"): one policy of a two-worker run trained again in one process,
+its peer's records read from the run's exchange log, ends with the run's weights, optimizer state and log.
+
+Real runs of the tiny two-family config (SGT on SEE, every record type logged). The replays run without
+``OMP_NUM_THREADS``, so Lightning's launcher would set torch's threads to cores / processes: the loop sets
+``trainer.num_threads`` after it (a replay with two threads would not be equal).
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from test_mwra_fit import DISJOINT, _ckpt, _mrl, _ok, write_stepwise_config
+
+
+def _logged_config(folder, max_steps: int):
+    config = write_stepwise_config(folder, max_steps=max_steps)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["trainer"]["callbacks"][0]["init_args"]["log_path"] = "exchange.jsonl"
+    config.write_text(yaml.safe_dump(cfg))
+    return config
+
+
+def _replay(config, run: str, version: str, policy: str, *extra: str):
+    saved = config.parent / "runs" / run / "config.yaml"  # the run's own config: devices 2, disjoint
+    return _mrl(saved, "--exchange_log", str(config.parent / "runs" / run / "exchange.jsonl"), "--policies", policy,
+                "--trainer.version", version, *extra, command="replay", omp_num_threads=None)
+
+
+def _assert_replayed(config, run: str, version: str, policy: str, other: str) -> None:
+    a, b = _ckpt(config, run), _ckpt(config, version)
+    assert set(b["policies"]) == {policy}, "a replay checkpoints the policies it trained"
+    for part in ("model", "optimizer"):
+        assert _equal(a["policies"][policy][part], b["policies"][policy][part]), f"{policy} {part} differs"
+    assert a["counters"] == b["counters"] and a["data"] == b["data"]
+    assert a["callbacks"]["SharedExperienceExchange"] == b["callbacks"]["SharedExperienceExchange"]
+    runs = config.parent / "runs"
+    log = (runs / run / "exchange.jsonl").read_bytes()
+    assert log.count(b"\n") > 40 and (runs / version / "exchange.jsonl").read_bytes() == log
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(_equal, a, b))
+    if hasattr(a, "equal"):
+        return hasattr(b, "equal") and a.dtype == b.dtype and a.equal(b)
+    return a == b
+
+
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory):
+    config = _logged_config(tmp_path_factory.mktemp("replay"), max_steps=4)
+    _ok(_mrl(config, "--trainer.version", "run", *DISJOINT))
+    return config
+
+
+def test_a_replayed_policy_ends_equal_to_the_run(logged):
+    proc = _replay(logged, "run", "gpt2", "gpt2")
+    _ok(proc)
+    assert "mrl replay runs in one process" in proc.stderr and "the run had devices 2" in proc.stderr
+    assert "Replayed against" in proc.stdout and "of 'llama'" in proc.stdout
+    _assert_replayed(logged, "run", "gpt2", "gpt2", "llama")
+    # the peer's records are read, not ignored: without llama's successes (what SGT transfers) gpt2 trains otherwise
+    runs = logged.parent / "runs"
+    (runs / "cut").mkdir()
+    lines = (runs / "run" / "exchange.jsonl").read_text().splitlines(keepends=True)
+    kept = [line for line in lines if not ('"source": "llama"' in line and '"record_type": "success"' in line)]
+    assert len(kept) < len(lines)
+    (runs / "cut" / "exchange.jsonl").write_text("".join(kept))
+    (runs / "cut" / "config.yaml").write_text((runs / "run" / "config.yaml").read_text())
+    _ok(_replay(logged, "cut", "cut-replay", "gpt2"))
+    cut, run = _ckpt(logged, "cut-replay")["policies"]["gpt2"]["model"], _ckpt(logged, "run")["policies"]["gpt2"]["model"]
+    assert any(not cut[k].equal(run[k]) for k in run), "gpt2 trained the same without llama's successes"
+
+def test_a_bad_replay_is_refused_before_any_model_is_built(logged):
+    proc = _replay(logged, "run", "bad", "mistral")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "--policies names 'mistral', which is not in model.policies ['gpt2', 'llama']" in proc.stderr
+    assert "Resource plan" not in proc.stdout
+    proc = _replay(logged, "run", "long", "gpt2", "--trainer.max_steps", "9")
+    assert proc.returncode == 2 and "replay at most --trainer.max_steps 4" in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_lagged_run_replays_equal(tmp_path):
+    config = _logged_config(tmp_path, max_steps=5)
+    _ok(_mrl(config, "--trainer.version", "lag", "--trainer.max_lag", "2", *DISJOINT))
+    _ok(_replay(config, "lag", "llama", "llama"))
+    _assert_replayed(config, "lag", "llama", "llama", "gpt2")
