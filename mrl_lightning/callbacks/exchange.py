@@ -199,6 +199,7 @@ class SharedExperienceExchange(MRLCallback):
         local = {name: self.records_by_prompt(s, step, system.policies[name], system.verifier)
                  for name, s in scored.items()}
         if scored and getattr(ctx, "replay", None) is not None:  # mrl replay: the logged policies' batch `step`
+            ctx.replay.check(step, local)  # the replayed policies' own as the run logged them
             local.update(ctx.replay.records(step))
         workers = getattr(ctx, "workers", None)
         records = workers.exchange(local) if workers is not None else [

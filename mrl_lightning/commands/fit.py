@@ -22,7 +22,7 @@ from mrl_lightning.errors import ConfigError
 from mrl_lightning.lifeline import is_launched_worker
 from mrl_lightning.config.preflight import (policy_override_notes, quick_package_errors, quick_policy_errors,
                                     quick_trainer_errors, trainer_errors)
-from mrl_lightning.loop.replay import one_process
+from mrl_lightning.loop.replay import fresh_version, one_process
 from mrl_lightning.loop.system import MutualRL
 from mrl_lightning.loop.trainer import MRLTrainer
 
@@ -104,17 +104,17 @@ class MRLCLI(LightningCLI):
         The model and data classes are built before the trainer, and the data's may import its
         libraries (reasoning-gym: about a second); a bad ``--trainer.*`` value is reported
         without waiting for them (:func:`mrl_lightning.config.preflight.trainer_errors`). ``mrl replay``
-        runs in one process: its trainer settings are replaced first, in one line
-        (:func:`mrl_lightning.loop.replay.one_process`).
+        runs in one process, in a folder of its own: its trainer settings are replaced first, in one line each
+        (:func:`mrl_lightning.loop.replay.one_process`, :func:`~mrl_lightning.loop.replay.fresh_version`).
         """
         section = self._get(self.config, "trainer")
         values = section.as_dict() if hasattr(section, "as_dict") else dict(section or {})
         if self.subcommand == "replay":  # one process (mrl_lightning.loop.replay.one_process), said in one line
-            changes, note = one_process(values)
-            for key, value in changes.items():
-                section[key] = values[key] = value
-            if note:
-                print(note, file=sys.stderr, flush=True)
+            for changes, note in (one_process(values), fresh_version(values)):
+                for key, value in changes.items():
+                    section[key] = values[key] = value
+                if note:
+                    print(note, file=sys.stderr, flush=True)
         errors = trainer_errors(**values)
         if errors:
             raise ConfigError("Invalid trainer config:\n  - " + "\n  - ".join(errors))

@@ -38,7 +38,7 @@ from lightning.fabric import Fabric
 
 from mrl_lightning.builders import plan_shapes
 from mrl_lightning.callbacks.base import service_errors, sharing_errors
-from mrl_lightning.run.checkpoint import check_compatible, load_checkpoint
+from mrl_lightning.run.checkpoint import check_compatible, checkpoint_policies, load_checkpoint
 from mrl_lightning.config.keys import parsed_file_naming
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.model.source import ModelRecipe
@@ -402,11 +402,11 @@ def check_before_build(trainer, model, datamodule, ckpt_path: str | None) -> Che
         shape_errors += sharding_errors(placement, policies, datamodule.batch_size)
     _raise("Invalid policy config", errors + shape_errors or prompt_errors(policies, datamodule))  # data's prompts
     checkpoint = load_checkpoint(ckpt_path, policies=()) if ckpt_path else None  # the manifest: parts at restore
-    if checkpoint is not None:
-        check_compatible(checkpoint, list(policies), trainer.max_steps,
-                         data_parts=[part.name for part in datamodule.parts],
-                         models=_expected_models(policies, shapes, datamodule),
-                         path=ckpt_path)
+    if checkpoint is not None:  # (under mrl replay its own checkpoint holds only the policies it trains)
+        trained = [n for n in policies if n not in getattr(getattr(trainer, "replay_log", None), "logged", ())]
+        names = trained if sorted(checkpoint_policies(checkpoint)) == sorted(trained) else list(policies)
+        check_compatible(checkpoint, names, trainer.max_steps, data_parts=[part.name for part in datamodule.parts],
+                         models=_expected_models({n: policies[n] for n in names}, shapes, datamodule), path=ckpt_path)
     placement, cost_text = place_by_cost(trainer, placement, policies, shapes, datamodule.batch_size, checkpoint)
     if placement != trainer.ctx.placement:  # chosen by cost: the callbacks' checks again, on the placement run
         trainer.ctx.placement = placement

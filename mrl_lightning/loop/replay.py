@@ -13,16 +13,23 @@ not sampled, trained, evaluated or checkpointed here.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import warnings
 from collections.abc import Sequence
 
 from mrl_lightning.errors import ConfigError
-from mrl_lightning.exchange import read_log
+from mrl_lightning.exchange import read_log, record_key
 from mrl_lightning.mwra.process import available_cores, omp_threads
 
 
+class ReplayMismatch(ConfigError):
+    """A replayed policy sampled other records than the run logged for it: the replay does not reproduce the run."""
+
+
 class ReplayLog:
-    """The logged policies' records of a run's exchange log, by the rollout step that sampled them.
+    """A run's exchange log, by the rollout step that sampled each record: the logged policies' records to hand
+    the exchange, and the replayed policies' own to check the replay against.
 
     Args:
         path: The run's exchange log: the JSONL file or Parquet folder its ``SharedExperienceExchange.log_path``
@@ -30,15 +37,19 @@ class ReplayLog:
         policies: Every policy of the config, in ``model.policies`` order.
         replayed: The policies to train again (``--policies``); the others are read from the log.
         max_steps: ``trainer.max_steps`` of the replay (the log must reach it).
+        verify: Check, at every batch, that the replayed policies' records equal theirs in the log
+            (:meth:`check`); False for a counterfactual replay (settings of the replayed policy changed).
 
     Raises:
         ConfigError: a name in ``replayed`` is not a policy, ``replayed`` is empty or every policy, the log
-            cannot be read, holds records of a policy the config lacks (another run's log), holds none of a
-            logged policy, or ends before ``max_steps`` (one message, every problem).
+            cannot be read (a folder without Parquet parts included), ends in a torn line before ``max_steps``,
+            holds records of a policy the config lacks (another run's log), or ends before ``max_steps``
+            (one message, every problem).
     """
 
-    def __init__(self, path: str, policies: Sequence[str], replayed: Sequence[str], max_steps: int) -> None:
-        self.path = os.fspath(path)
+    def __init__(self, path: str, policies: Sequence[str], replayed: Sequence[str], max_steps: int,
+                 verify: bool = True) -> None:
+        self.path, self.verify = os.fspath(path), bool(verify)
         self.logged = [p for p in policies if p not in replayed]
         errors = [f"--policies names {name!r}, which is not in model.policies {list(policies)}; name the "
                   "policies to train again." for name in replayed if name not in policies]
@@ -47,48 +58,130 @@ class ReplayLog:
                           "again and leave at least one to be read from the log (to train every policy, mrl fit).")
         if errors:
             raise ConfigError("Invalid replay:\n  - " + "\n  - ".join(errors))
-        try:
-            records = read_log(self.path)
-        except (OSError, ValueError, ImportError) as exc:
-            raise ConfigError(f"Invalid replay:\n  - --exchange_log={self.path!r} cannot be read ({exc}); give the "
-                              "exchange log the run wrote (SharedExperienceExchange.log_path: a relative one is in "
-                              "its run folder, e.g. runs/version_0/exchange.jsonl).") from None
+        records, torn = _read(self.path)
         self.by_step: dict[tuple[str, int], list] = {}
         for record in records:
-            if record.source in self.logged:
-                self.by_step.setdefault((record.source, record.step), []).append(record)
-        self.last_step = max((r.step for r in records), default=0)
+            self.by_step.setdefault((record.source, record.step), []).append(record)
+        steps = [r.step for r in records]
+        self.first_step, self.last_step = min(steps, default=1), max(steps, default=0)
+        if torn:  # the run stopped while writing its last step's records: that step may be incomplete
+            self.last_step -= 1
+        self.read_from: int | None = None  # the first batch this replay sampled
         sources = sorted({r.source for r in records} - set(policies))
         if sources:
             errors.append(f"--exchange_log={self.path!r} holds records of {sources}, which this config's "
                           f"model.policies {list(policies)} lack: it is another run's log; give the config the "
                           "run saved (its run folder's config.yaml).")
-        empty = [name for name in self.logged if not any(source == name for source, _ in self.by_step)]
-        if empty:
-            errors.append(f"--exchange_log={self.path!r} holds no record of {empty}: nothing to replay them "
-                          "from (was the run's SharedExperienceExchange logging, and did those policies share?).")
         elif max_steps > self.last_step:
-            errors.append(f"trainer.max_steps={max_steps}, but --exchange_log={self.path!r} ends at step "
-                          f"{self.last_step}; replay at most --trainer.max_steps {self.last_step}.")
+            why = " (its last line is torn: the run stopped while writing it)" if torn else ""
+            errors.append(f"trainer.max_steps={max_steps}, but --exchange_log={self.path!r} holds batches up to "
+                          f"{self.last_step}{why}; replay at most --trainer.max_steps {self.last_step}.")
         if errors:
             raise ConfigError("Invalid replay:\n  - " + "\n  - ".join(errors))
+
+    def start_errors(self, resuming: bool) -> list[str]:
+        """A log that begins after the replay's first batch (a resumed run's own log), when not resuming."""
+        if resuming or self.first_step <= 1:
+            return []
+        return [f"--exchange_log={self.path!r} begins at batch {self.first_step} (a resumed run's own log: a "
+                "relative log_path starts a new one at each resume); replay from the checkpoint that run resumed "
+                f"from (--ckpt_path .../step={self.first_step - 1}.ckpt), or give a log of the whole run (an "
+                "absolute log_path is one file for a run and its resumes)."]
 
     def records(self, step: int) -> dict[str, list[list]]:
         """The logged policies' records of batch ``step``, as their ranks hand them to the exchange.
 
         Returns:
             Policy name -> one list (the log's order) of its records sampled at rollout step ``step``.
+
+        Raises:
+            ReplayMismatch: the log begins after batch ``step`` (a resume from an earlier checkpoint).
         """
+        if step < self.first_step:
+            raise ReplayMismatch(f"mrl replay: batch {step} is sampled, but " + self.start_errors(False)[0])
+        if self.read_from is None:
+            self.read_from = step
         return {name: [list(self.by_step.get((name, step), []))] for name in self.logged}
 
+    def check(self, step: int, local: dict[str, list[list]]) -> None:
+        """Compare the replayed policies' records of batch ``step`` with theirs in the log (when ``verify``).
+
+        Args:
+            step: The batch (rollout step) sampled.
+            local: Policy name -> its records this step, one list per prompt (the exchange's input).
+
+        Raises:
+            ReplayMismatch: a record differs: names the batch, the policy, the record and the field, and
+                the causes (another config, seed, lag or threads than the run's; a policy that ran on several
+                ranks; dropout; a log of another run). ``--verify false`` replays anyway.
+        """
+        if not self.verify:
+            return
+        for name, per_prompt in local.items():
+            seen, mine = set(), []
+            for record in (r for prompt in per_prompt for r in prompt):  # the exchange drops a repeated record
+                if (key := record_key(record)) not in seen:
+                    seen.add(key)
+                    mine.append(record)
+            theirs = self.by_step.get((name, step), [])
+            differs = _first_difference(mine, theirs)
+            if differs is not None:
+                raise ReplayMismatch(
+                    f"mrl replay: batch {step} of {name!r} differs from the run's log ({differs}): this replay "
+                    "does not reproduce the run. Replay with the run's config.yaml and threads "
+                    "(--trainer.num_threads as each of its workers had); a policy that ran on several ranks, or "
+                    "with dropout in a version before mrl replay existed, is equal only up to rounding. "
+                    "--verify false trains on anyway (a counterfactual run against the same peer records).")
+
     def count_through(self, step: int) -> int:
-        """How many logged records were sampled at rollout steps 1..``step``."""
-        return sum(len(v) for (_, s), v in self.by_step.items() if s <= step)
+        """How many of the logged policies' records were sampled at rollout steps 1..``step``."""
+        return sum(len(v) for (name, s), v in self.by_step.items() if s <= step and name in self.logged)
 
     def summary(self, step: int) -> str:
         """One line: what was replayed against what (printed when the replay ends)."""
-        return (f"Replayed against {self.count_through(step):,} records of {', '.join(map(repr, self.logged))} "
-                f"from {self.path} (batches 1-{step}).")
+        first = self.read_from if self.read_from is not None else step + 1
+        read = self.count_through(step) - self.count_through(first - 1)
+        checked = "; every batch of the replayed policies equal to the log" if self.verify else ""
+        return (f"Replayed against {read:,} records of {', '.join(map(repr, self.logged))} from {self.path} "
+                f"(batches {first}-{step}{checked}).")
+
+
+def _read(path: str) -> tuple[list, bool]:
+    """The log's records and whether its last line was torn (:func:`~mrl_lightning.exchange.read_log` warns)."""
+    if os.path.isdir(path) and not any(name.endswith(".parquet") for name in os.listdir(path)):
+        inside = os.path.join(path, "exchange.jsonl")
+        hint = f" (it holds {inside!r})" if os.path.isfile(inside) else ""
+        raise ConfigError(f"Invalid replay:\n  - --exchange_log={path!r} is a folder without a Parquet log{hint}; "
+                          "give the log file the run wrote (SharedExperienceExchange.log_path).")
+    try:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            records = read_log(path)
+    except (OSError, ValueError, ImportError) as exc:
+        raise ConfigError(f"Invalid replay:\n  - --exchange_log={path!r} cannot be read ({exc}); give the "
+                          "exchange log the run wrote (SharedExperienceExchange.log_path: a relative one is in "
+                          "its run folder, e.g. runs/version_0/exchange.jsonl).") from None
+    return records, any("torn" in str(w.message) for w in said)
+
+
+def _first_difference(mine: list, theirs: list) -> str | None:
+    """Where two lists of records first differ, in words; None when equal."""
+    for i, (a, b) in enumerate(zip(mine, theirs)):
+        if record_key(a) != record_key(b):
+            where = f"record {i}, a {a.record_type} of prompt {a.prompt_id!r}"
+            if type(a) is not type(b) or a.prompt_id != b.prompt_id:
+                return f"{where} here, a {b.record_type} of prompt {b.prompt_id!r} in the log"
+            field = next(f.name for f in dataclasses.fields(a) if record_key(a) != record_key(
+                dataclasses.replace(a, **{f.name: getattr(b, f.name)})))
+            return f"{where}: {field} {_short(getattr(a, field))} here, {_short(getattr(b, field))} in the log"
+    if len(mine) != len(theirs):
+        return f"{len(mine)} records here, {len(theirs)} in the log"
+    return None
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def one_process(trainer: dict) -> tuple[dict, str | None]:
@@ -110,8 +203,24 @@ def one_process(trainer: dict) -> tuple[dict, str | None]:
         changes["num_threads"] = omp_threads() or max(1, available_cores() // devices)
     was = ", ".join(f"{key} {trainer.get(key)}" for key in changes if trainer.get(key) is not None)
     now = ", ".join(f"{key} {value}" for key, value in changes.items() if value is not None)
-    return changes, (f"mrl replay runs in one process: trainer {now} (the run had {was}); its weights equal the "
-                     "run's where each policy has the threads it had there (--trainer.num_threads).")
+    return changes, (f"mrl replay runs in one process: trainer {now} (the run had {was}), each policy on the "
+                     "threads a worker had; every batch is checked against the log (--verify).")
+
+
+def fresh_version(trainer: dict) -> tuple[dict, str | None]:
+    """A replay of a run's own ``config.yaml`` names that run's folder (``trainer.version``): the next free one instead.
+
+    Returns:
+        ``(changes, note)`` as :func:`one_process`: ``{"version": None}`` and one line when the folder the
+        config names already holds a run; else ``({}, None)``.
+    """
+    version = trainer.get("version")
+    folder = os.path.join(str(trainer.get("default_root_dir") or "runs"), f"{version}" if isinstance(version, str)
+                          else f"version_{version}")
+    if version is None or not os.path.exists(os.path.join(folder, "config.yaml")):
+        return {}, None
+    return {"version": None}, f"mrl replay: {folder} holds a run (the one replayed?); the replay writes the next free " \
+                              "version_<n> beside it (--trainer.version names another)."
 
 
 def replay_errors(trainer, model, log: ReplayLog) -> list[str]:
@@ -120,9 +229,6 @@ def replay_errors(trainer, model, log: ReplayLog) -> list[str]:
     if trainer.fabric.world_size > 1:
         errors.append(f"mrl replay runs in one process, but this trainer starts {trainer.fabric.world_size}; give "
                       "trainer.devices 1 and trainer.num_nodes 1 (mrl replay sets them).")
-    errors += [f"policy {name!r} has filter_groups: true: its extra prompts moved the shared data stream and no "
-               "log holds them, so its peers cannot be replayed without it; train it again too (--policies)."
-               for name in log.logged if getattr(model.policies[name], "filter_groups", False)]
     from mrl_lightning.callbacks.exchange import SharedExperienceExchange
 
     exchange = [cb for cb in trainer.callbacks if isinstance(cb, SharedExperienceExchange)]
@@ -140,7 +246,7 @@ def replay_errors(trainer, model, log: ReplayLog) -> list[str]:
 class Replay:
     """The ``replay`` subcommand of :class:`~mrl_lightning.loop.trainer.MRLTrainer` (``mrl replay``)."""
 
-    def replay(self, model, datamodule, exchange_log: str, policies: str | list[str],
+    def replay(self, model, datamodule, exchange_log: str, policies: str | list[str], verify: bool = True,
                ckpt_path: str | None = None) -> None:
         """Train ``policies`` again as in the run that wrote ``exchange_log``, the other policies' SEE records
         read from that log instead of sampled (docs/see.md, "Replay"). One process; ``ckpt_path`` as in ``fit``.
@@ -150,16 +256,21 @@ class Replay:
             datamodule: The prompt data module of that config.
             exchange_log: The run's exchange log (``SharedExperienceExchange.log_path``).
             policies: The policy, or list of policies, to train again.
+            verify: Stop at the first batch where a replayed policy's records differ from the log's (the
+                replay would not reproduce the run); False: train on (a counterfactual replay: the replayed
+                policy's settings changed, its peers' records as they were).
             ckpt_path: A checkpoint to resume from (the replay's own, or the run's: only these policies' parts
                 are read).
 
         Raises:
             ConfigError: the replay cannot reproduce the run (:class:`ReplayLog`, :func:`replay_errors`), before
                 any model is built; and whatever ``fit`` raises.
+            ReplayMismatch: with ``verify``, a batch of a replayed policy differs from the log's (:meth:`ReplayLog.check`).
         """
         self.replay_log = log = ReplayLog(exchange_log, list(model.policies),
-                                          [policies] if isinstance(policies, str) else list(policies), self.max_steps)
-        errors = replay_errors(self, model, log)
+                                          [policies] if isinstance(policies, str) else list(policies), self.max_steps,
+                                          verify)
+        errors = replay_errors(self, model, log) + log.start_errors(resuming=ckpt_path is not None)
         if errors:
             raise ConfigError("Invalid replay:\n  - " + "\n  - ".join(errors))
         self.print(f"mrl replay: training {[p for p in model.policies if p not in log.logged]} again; "

@@ -37,7 +37,7 @@ from mrl_lightning.loop.dynamic_sampling import extra_samples, sample_until_full
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.lifeline import is_launched_worker
 from mrl_lightning.metrics import Global
-from mrl_lightning.mwra import Workers, devices_present, resolve_devices, stream_seed
+from mrl_lightning.mwra import Workers, devices_present, resolve_devices, sampling_rng, stream_seed
 from mrl_lightning.mwra.plan import slow_cpu_bf16_line
 from mrl_lightning.mwra.process import peak_memory_gib, release_free_memory
 from mrl_lightning.objectives.aux_share import term_names
@@ -383,30 +383,33 @@ class MRLTrainer(Replay):
         """Compose and update every policy this rank runs on ``scored``; count the step."""
         w = self.workers
         for name in w.local_policies:
-            t0 = time.perf_counter()
-            policy = model.policies[name]
-            with w.phase("compose"):
-                batch = new_train_batch(policy, scored[name], partial(w.group_sum, name), w.group_size(name),
-                                        keep=keep.get(name))
-                t1 = time.perf_counter()
-                self.fabric.call("on_compose_batch", self.ctx, model, policy, batch)
-                metrics[f"train/{name}/compose_time_s"] = time.perf_counter() - t1
-                batch = batch.for_update()  # the probes saw every group; the GRPO term trains on the kept ones
-                batch.group_counts = w.group_sum(name, batch.counts)
-                if w.group_size(name) > 1:
-                    batch.group_terms = w.group_terms(name, term_names(batch.aux_losses))
-            with w.phase("update"):
-                wrapped, opt = self._modules[name]
-                reduce = None if policy.fsdp else partial(w.reduce_gradients, name)  # FSDP reduces in backward
-                # the last step's gradients go before the forward, and the heap they leave with them
-                # (policy_update zeroes them again: a no-op on the first iteration)
-                opt.zero_grad(set_to_none=True)
-                release_free_memory()
-                metrics.update(policy_update(policy, batch, wrapped, self.fabric, opt, reduce_gradients=reduce,
-                                             gather=partial(w.group_gather, name)))
-                release_free_memory()
-            metrics.update(batch.metrics)
-            metrics[f"train/{name}/update_time_s"] = metrics[f"mwra/{name}/update_s"] = time.perf_counter() - t0
+            # its own stream (run seed, policy, "update", step), as sampling: dropout draws do not depend on
+            # which other policies this process updates (docs/mwra.md, "Reproducibility across placements")
+            with sampling_rng(stream_seed(self._run_seed(), name, "update", self.global_step)):
+                t0 = time.perf_counter()
+                policy = model.policies[name]
+                with w.phase("compose"):
+                    batch = new_train_batch(policy, scored[name], partial(w.group_sum, name), w.group_size(name),
+                                            keep=keep.get(name))
+                    t1 = time.perf_counter()
+                    self.fabric.call("on_compose_batch", self.ctx, model, policy, batch)
+                    metrics[f"train/{name}/compose_time_s"] = time.perf_counter() - t1
+                    batch = batch.for_update()  # the probes saw every group; the GRPO term trains on the kept ones
+                    batch.group_counts = w.group_sum(name, batch.counts)
+                    if w.group_size(name) > 1:
+                        batch.group_terms = w.group_terms(name, term_names(batch.aux_losses))
+                with w.phase("update"):
+                    wrapped, opt = self._modules[name]
+                    reduce = None if policy.fsdp else partial(w.reduce_gradients, name)  # FSDP reduces in backward
+                    # the last step's gradients go before the forward, and the heap they leave with them
+                    # (policy_update zeroes them again: a no-op on the first iteration)
+                    opt.zero_grad(set_to_none=True)
+                    release_free_memory()
+                    metrics.update(policy_update(policy, batch, wrapped, self.fabric, opt, reduce_gradients=reduce,
+                                                 gather=partial(w.group_gather, name)))
+                    release_free_memory()
+                metrics.update(batch.metrics)
+                metrics[f"train/{name}/update_time_s"] = metrics[f"mwra/{name}/update_s"] = time.perf_counter() - t0
         self.global_step += 1
         for name, policy in model.policies.items():  # every policy attempts its steps, on whichever ranks run it
             self.optimizer_steps[name] += policy.num_iterations

@@ -205,3 +205,30 @@ def test_placement_cost_with_fsdp_policies_chooses_among_the_placements_fsdp_acc
     chosen = [line for line in proc.stdout.splitlines() if line.startswith("  * ")]
     assert len(chosen) == 1 and chosen[0].startswith("  * colocated (gpt2: 2, llama: 2)")
     assert "    disjoint" not in proc.stdout  # refused by FSDP's sharding check, so not a candidate
+
+
+@pytest.mark.slow
+def test_dropout_in_the_update_does_not_tie_a_policy_to_its_placement(tmp_path):
+    """Each policy's compose and update draw from their own stream (run seed, policy, "update", step): with
+    dropout on, one process (the updates in turn) equals two workers; from the one stream of a process they
+    differed (found by ``mrl replay``, docs/see.md "Replay")."""
+    import yaml
+
+    config = write_stepwise_config(tmp_path, max_steps=3)
+    cfg = yaml.safe_load(config.read_text())
+    for policy, drop in zip(cfg["model"]["policies"], ({"resid_pdrop": 0.2, "attn_pdrop": 0.2},
+                                                       {"attention_dropout": 0.2})):
+        policy["init_args"]["disable_dropout"] = False
+        policy["init_args"]["model"]["init_args"]["config_overrides"] = drop
+    config.write_text(yaml.safe_dump(cfg))
+    _ok(_mrl(config, "--trainer.version", "one"))
+    _ok(_mrl(config, "--trainer.version", "two", *DISJOINT))
+    _assert_same_run(_ckpt(config, "one"), _ckpt(config, "two"), "dropout: one process vs two workers")
+    for policy in cfg["model"]["policies"]:
+        policy["init_args"]["disable_dropout"] = True
+    off_config = tmp_path / "off.yaml"
+    off_config.write_text(yaml.safe_dump(cfg))
+    _ok(_mrl(off_config, "--trainer.version", "off"))
+    off = _ckpt(config, "off")["policies"]["gpt2"]["model"]
+    assert any(not v.equal(off[k]) for k, v in _ckpt(config, "one")["policies"]["gpt2"]["model"].items()), \
+        "the dropout config trained as without dropout"

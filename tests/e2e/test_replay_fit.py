@@ -70,7 +70,10 @@ def test_a_replayed_policy_ends_equal_to_the_run(logged):
     assert len(kept) < len(lines)
     (runs / "cut" / "exchange.jsonl").write_text("".join(kept))
     (runs / "cut" / "config.yaml").write_text((runs / "run" / "config.yaml").read_text())
-    _ok(_replay(logged, "cut", "cut-replay", "gpt2"))
+    proc = _replay(logged, "cut", "cut-checked", "gpt2")  # gpt2's own batches then differ from the log's: refused
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "of 'gpt2' differs from the run's log" in proc.stderr and "--verify false" in proc.stderr
+    _ok(_replay(logged, "cut", "cut-replay", "gpt2", "--verify", "false"))  # a counterfactual replay
     cut, run = _ckpt(logged, "cut-replay")["policies"]["gpt2"]["model"], _ckpt(logged, "run")["policies"]["gpt2"]["model"]
     assert any(not cut[k].equal(run[k]) for k in run), "gpt2 trained the same without llama's successes"
 
@@ -84,8 +87,15 @@ def test_a_bad_replay_is_refused_before_any_model_is_built(logged):
 
 
 @pytest.mark.slow
-def test_a_lagged_run_replays_equal(tmp_path):
+def test_a_lagged_run_replays_equal_and_a_replay_resumes_exactly(tmp_path):
     config = _logged_config(tmp_path, max_steps=5)
     _ok(_mrl(config, "--trainer.version", "lag", "--trainer.max_lag", "2", *DISJOINT))
     _ok(_replay(config, "lag", "llama", "llama"))
     _assert_replayed(config, "lag", "llama", "llama", "gpt2")
+    # a replay resumes from its own checkpoint (batches in flight, the logged policy's records among them),
+    # and from the run's
+    for version, source in (("own", "llama"), ("run", "lag")):
+        mid = config.parent / "runs" / source / "checkpoints" / "step=2.ckpt"
+        _ok(_replay(config, "lag", f"resumed-{version}", "llama", "--ckpt_path", str(mid)))
+        a, b = _ckpt(config, "lag"), _ckpt(config, f"resumed-{version}")
+        assert _equal(a["policies"]["llama"]["model"], b["policies"]["llama"]["model"]), version

@@ -6,7 +6,7 @@ import pytest
 
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.exchange import ExperienceExchange, GroupStatsRecord, RolloutRecord, SuccessRecord
-from mrl_lightning.loop.replay import ReplayLog, one_process
+from mrl_lightning.loop.replay import ReplayLog, ReplayMismatch, fresh_version, one_process
 
 
 def _rollout(source: str, step: int, prompt: str, k: int) -> RolloutRecord:
@@ -38,6 +38,7 @@ def test_each_step_gets_the_logged_policys_records_of_that_batch_in_log_order(lo
             ("SuccessRecord", "p1", step)]
     assert replay.records(4) == {"b": [[]]}  # a batch the policy shared nothing of
     assert replay.count_through(2) == 8 and "8 records of 'b'" in replay.summary(2)
+    assert "(batches 1-2; every batch" in replay.summary(2)
     # the other way round: a's records only
     other = ReplayLog(str(log), ["a", "b"], ["b"], max_steps=3)
     assert [r.source for r in other.records(2)["a"][0]] == ["a", "a"]
@@ -50,12 +51,18 @@ def test_a_replay_refuses_what_it_cannot_reproduce_in_one_message(log, tmp_path)
         ReplayLog(str(log), ["a", "b"], [], max_steps=3)
     with pytest.raises(ConfigError, match="cannot be read .*does not exist.*runs/version_0/exchange.jsonl"):
         ReplayLog(str(tmp_path / "nope.jsonl"), ["a", "b"], ["a"], max_steps=3)
-    with pytest.raises(ConfigError, match=r"ends at step 3; replay at most --trainer.max_steps 3"):
+    with pytest.raises(ConfigError, match=r"holds batches up to 3; replay at most --trainer.max_steps 3"):
         ReplayLog(str(log), ["a", "b"], ["a"], max_steps=4)
     with pytest.raises(ConfigError, match=r"holds records of \['b'\], which .*another run's log"):
         ReplayLog(str(log), ["a", "c"], ["a"], max_steps=3)
-    with pytest.raises(ConfigError, match=r"holds no record of \['c'\]"):
-        ReplayLog(str(log), ["a", "b", "c"], ["a", "b"], max_steps=3)
+    ReplayLog(str(log), ["a", "b", "c"], ["a", "b"], max_steps=3)  # a policy that shared nothing: none to hand on
+    with pytest.raises(ConfigError, match=r"is a folder without a Parquet log \(it holds '.*exchange.jsonl'\)"):
+        ReplayLog(str(log.parent), ["a", "b"], ["a"], max_steps=3)
+    torn = tmp_path / "torn.jsonl"
+    torn.write_text(log.read_text()[:-20])  # the run stopped while writing step 3's records
+    assert ReplayLog(str(torn), ["a", "b"], ["a"], max_steps=2).last_step == 2
+    with pytest.raises(ConfigError, match=r"up to 2 \(its last line is torn"):
+        ReplayLog(str(torn), ["a", "b"], ["a"], max_steps=3)
     broken = tmp_path / "broken.jsonl"
     broken.write_text("{not json}\n")
     with pytest.raises(ConfigError, match="broken.jsonl' cannot be read"):
@@ -74,3 +81,44 @@ def test_one_process_keeps_each_policy_on_the_threads_a_worker_had(monkeypatch):
     assert changes["num_nodes"] == 1 and "num_threads" not in changes  # the config's own threads are kept
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert one_process({"devices": 4, "num_threads": None})[0]["num_threads"] == 2
+
+
+def test_a_replayed_policys_own_records_are_checked_against_the_log(log, tmp_path):
+    replay = ReplayLog(str(log), ["a", "b"], ["a"], max_steps=3)
+    own = [GroupStatsRecord("p0", "a", 2, 2, 0.5, 0.5, 1), _rollout("a", 2, "p0", 0)]
+    replay.check(2, {"a": [own, [own[1]]]})  # equal (a repeated record is dropped by the exchange, as in the run)
+    other = [own[0], RolloutRecord("p0", "a", 2, "a20", (1, 2), (-0.5, -0.2), ((0, 1), (1, 2)), 1.0, "stop", "fp")]
+    with pytest.raises(ReplayMismatch, match=r"batch 2 of 'a' differs .*record 1, a rollout of prompt 'p0': "
+                                             r"logprobs \(-0.5, -0.2\) here, \(-0.5, -0.25\) in the log"):
+        replay.check(2, {"a": [other]})
+    with pytest.raises(ReplayMismatch, match="1 records here, 2 in the log.*--verify false"):
+        replay.check(2, {"a": [own[:1]]})
+    with pytest.raises(ReplayMismatch, match="record 0, a group_stats of prompt 'p9' here, a group_stats of prompt 'p0'"):
+        replay.check(2, {"a": [[GroupStatsRecord("p9", "a", 2, 2, 0.5, 0.5, 1)]]})
+    ReplayLog(str(log), ["a", "b"], ["a"], max_steps=3, verify=False).check(2, {"a": [other]})  # counterfactual
+
+
+def test_a_log_that_begins_late_is_refused_unless_resuming_at_it(tmp_path):
+    path = tmp_path / "resumed.jsonl"  # a resumed run's own log: batches 3 and 4
+    ex = ExperienceExchange(log_path=str(path))
+    for step in (3, 4):
+        ex.publish([GroupStatsRecord("p0", "a", step, 2, 0.5, 0.5, 1), GroupStatsRecord("p0", "b", step, 2, 0, 0, 0)])
+    replay = ReplayLog(str(path), ["a", "b"], ["a"], max_steps=4)
+    assert "begins at batch 3" in replay.start_errors(resuming=False)[0] and "step=2.ckpt" in replay.start_errors(False)[0]
+    assert replay.start_errors(resuming=True) == []
+    with pytest.raises(ReplayMismatch, match="batch 2 is sampled, but --exchange_log=.* begins at batch 3"):
+        replay.records(2)
+    assert [r.step for r in replay.records(3)["b"][0]] == [3]
+    assert "(batches 3-4;" in replay.summary(4) and "against 2 records" in replay.summary(4)
+
+
+def test_a_replay_of_a_runs_own_config_writes_a_folder_of_its_own(tmp_path):
+    (tmp_path / "orig").mkdir()
+    assert fresh_version({"default_root_dir": str(tmp_path), "version": "orig"}) == ({}, None)  # no run there yet
+    (tmp_path / "orig" / "config.yaml").write_text("{}")
+    changes, note = fresh_version({"default_root_dir": str(tmp_path), "version": "orig"})
+    assert changes == {"version": None} and f"{tmp_path / 'orig'} holds a run" in note
+    (tmp_path / "version_3").mkdir()
+    (tmp_path / "version_3" / "config.yaml").write_text("{}")
+    assert fresh_version({"default_root_dir": str(tmp_path), "version": 3})[0] == {"version": None}
+    assert fresh_version({"default_root_dir": str(tmp_path), "version": None}) == ({}, None)

@@ -245,4 +245,4 @@ def test_an_unknown_command_names_the_nearest_and_every_command(command, near, c
     assert main([command, "--run", "x"]) == 2
     err = capsys.readouterr().err
     hint = f"; did you mean {near!r}?" if near else "."
-    assert err == f"mrl: unknown command {command!r}{hint} Commands: fit, export, thl, bandit (mrl <command> --help).\n"
+    assert err == f"mrl: unknown command {command!r}{hint} Commands: fit, replay, export, thl, bandit (mrl <command> --help).\n"
