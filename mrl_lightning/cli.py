@@ -25,7 +25,7 @@ USAGE = """usage: mrl {fit,replay,export,thl,bandit} ...
 
   mrl fit --config configs/default.yaml [--config callbacks/sgt.yaml] [--trainer.max_steps N] ...
         train the policies (LightningCLI; `mrl fit --help` lists every option)
-  mrl replay --config RUN/config.yaml --exchange_log RUN/exchange.jsonl --policies NAME [--trainer.devices 1]
+  mrl replay --config RUN/config.yaml --exchange_log RUN/exchange.jsonl --policies NAME
         train one policy again, its peers' records read from the run's exchange log (docs/see.md, "Replay")
   mrl export --run runs/default/version_0 --policy gpt2 --out DIR
         a trained policy (LoRA merged) as a save_pretrained folder (`mrl export --help`)

@@ -22,7 +22,7 @@ from mrl_lightning.errors import ConfigError
 from mrl_lightning.lifeline import is_launched_worker
 from mrl_lightning.config.preflight import (policy_override_notes, quick_package_errors, quick_policy_errors,
                                     quick_trainer_errors, trainer_errors)
-from mrl_lightning.loop.replay import fresh_version, one_process
+from mrl_lightning.loop.replay import REPLAY_ONLY, fresh_version, one_process, override_errors
 from mrl_lightning.loop.system import MutualRL
 from mrl_lightning.loop.trainer import MRLTrainer
 
@@ -90,6 +90,9 @@ class MRLCLI(LightningCLI):
             errors = [with_config_file(line, argv) for line in quick_trainer_errors(argv, keys)]
             if errors:
                 raise ConfigError("Invalid trainer config:\n  - " + "\n  - ".join(errors))
+            errors = override_errors(argv)  # mrl replay: a policy override that reaches a policy it does not run
+            if errors:
+                raise ConfigError("Invalid replay:\n  - " + "\n  - ".join(errors))
             found = quick_policy_errors(argv)
             if found:  # worded as PolicyModule words them when it is built
                 raise ConfigError(f"Invalid config for policy {found[0]!r}:\n  - " + "\n  - ".join(found[1]))
@@ -143,8 +146,12 @@ class MRLCLI(LightningCLI):
         """
 
     def before_fit(self) -> None:
-        """Hand the resolved config to the trainer, which saves it in the run folder."""
-        self.trainer.config_text = self._parser(self.subcommand).dump(self.config[self.subcommand], skip_none=False)
+        """Hand the resolved config to the trainer, which saves it in the run folder (a replay's without the
+        replay's own arguments: ``mrl fit --config`` reads it)."""
+        config = self.config[self.subcommand].clone()
+        for key in REPLAY_ONLY if self.subcommand == "replay" else ():
+            config.pop(key, None)
+        self.trainer.config_text = self._parser("fit").dump(config, skip_none=False)
         if self.trainer.seed is None:
             self.trainer.seed = self.config[self.subcommand].get("seed_everything")
 

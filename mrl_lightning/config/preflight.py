@@ -30,6 +30,7 @@ accelerator this machine does not have, a precision Lightning would silently run
 from __future__ import annotations
 
 import logging
+import re
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -125,8 +126,9 @@ def _read_argv(argv: list[str]) -> list[tuple[str, Any]] | None:
                 if not isinstance(loaded, dict):
                     return None
                 events.append(("config", loaded))
-            elif name.startswith("--"):
-                events.append((name[2:], yaml.safe_load(value)))
+            elif name.startswith("--"):  # --model.policies.<key> is --model.policies.init_args.<key> to the parser
+                key = re.sub(r"^model\.policies\.(?!init_args\.|class_path$|help$|dict_kwargs\.)", _OVERRIDE, name[2:])
+                events.append((key, yaml.safe_load(value)))
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
             return None
     return events
@@ -268,7 +270,7 @@ def policy_override_notes(argv: list[str]) -> list[str]:
             valid = init_arg_names(last_class or "mrl_lightning.policy.PolicyModule")
             if valid and key[len(_OVERRIDE):].split(".")[0] not in valid:
                 continue  # a key the class does not take: the parser's error says so, a note would mislead
-            notes.append(f"note: --{key} applies to the last policy of the list only ({names[-1]!r}; "
+            notes.append(f"note: --model.policies.{key[len(_OVERRIDE):]} applies to the last policy of the list only ({names[-1]!r}; "
                          f"the others, {names[:-1]}, keep their value). To change another policy, or every "
                          "one, copy the config and edit its policies.")
     return notes

@@ -63,6 +63,7 @@ class Pace:
         self.in_flight: dict[int, tuple[dict, dict]] = {}  # batch -> ({policy: ScoredRollouts}, {policy: kept})
         self.publish_step: int | None = None  # the batch this step sampled (its records go out)
         self.training: int | None = None  # the batch this step trains, if any
+        self.async_rollouts = False  # trainer.async_rollouts (set by the loop): every batch re-scored too
 
     # ---------------------------------------------------------------- schedule
     def begin(self) -> float:
@@ -94,7 +95,7 @@ class Pace:
         (``vllm_importance_sampling_*``); ``pace/staleness_steps`` (updates since it was sampled) is logged."""
         scored, keep = self.in_flight.pop(batch)
         sampled_after = self.sampled_after.pop(batch, global_step)
-        if self.max_lag:
+        if self.max_lag or self.async_rollouts:  # (async_rollouts: sampled during the update before, trainer.py)
             for one in scored.values():
                 mark_for_rescoring(one.rollouts)
             metrics["pace/staleness_steps"] = float(global_step - sampled_after)

@@ -103,11 +103,13 @@ def interrupted_line(step: int, last_checkpoint: Path, checkpoint_every_n_steps:
     return f"\nInterrupted {where}; {hint}."
 
 
-def done_line(step: int, last_checkpoint: Path, root_dir: str) -> str:
-    """What a finished run prints: its last checkpoint, how to continue, where the logs are (paths shell-quoted)."""
+def done_line(step: int, last_checkpoint: Path, root_dir: str, replay: bool = False) -> str:
+    """What a finished run prints: its last checkpoint, how to continue, where the logs are (paths shell-quoted).
+    A replay's cannot go beyond the run's log: no way on is offered (docs/see.md, "Replay")."""
     last = shlex.quote(str(last_checkpoint))
-    return (f"Done at step {step}. Checkpoint: {last} (continue to a larger trainer.max_steps with --ckpt_path "
-            f"{last}). Logs: tensorboard --logdir {shlex.quote(str(root_dir))}")
+    on = "a replay's: it holds the policies trained again" if replay else \
+        f"continue to a larger trainer.max_steps with --ckpt_path {last}"
+    return f"Done at step {step}. Checkpoint: {last} ({on}). Logs: tensorboard --logdir {shlex.quote(str(root_dir))}"
 
 
 def stop_context(trainer, watch):

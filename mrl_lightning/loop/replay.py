@@ -14,6 +14,7 @@ not sampled, trained, evaluated or checkpointed here.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import warnings
 from collections.abc import Sequence
@@ -51,8 +52,11 @@ class ReplayLog:
                  verify: bool = True) -> None:
         self.path, self.verify = os.fspath(path), bool(verify)
         self.logged = [p for p in policies if p not in replayed]
-        errors = [f"--policies names {name!r}, which is not in model.policies {list(policies)}; name the "
-                  "policies to train again." for name in replayed if name not in policies]
+        lowered = {p.lower(): p for p in policies}
+        errors = [f"--policies names {name!r}, which is not in model.policies {list(policies)}"
+                  + "".join(f"; did you mean {lowered[near]!r}?"
+                            for near in difflib.get_close_matches(name.lower(), list(lowered), 1, 0.6))
+                  + "; name the policies to train again." for name in replayed if name not in policies]
         if not replayed or not self.logged:
             errors.append(f"--policies={list(replayed)}: name at least one policy of {list(policies)} to train "
                           "again and leave at least one to be read from the log (to train every policy, mrl fit).")
@@ -68,7 +72,10 @@ class ReplayLog:
             self.last_step -= 1
         self.read_from: int | None = None  # the first batch this replay sampled
         sources = sorted({r.source for r in records} - set(policies))
-        if sources:
+        if not records:
+            errors.append(f"--exchange_log={self.path!r} holds no record: was the run's SharedExperienceExchange "
+                          "logging (its log_path), and is this its log?")
+        elif sources:
             errors.append(f"--exchange_log={self.path!r} holds records of {sources}, which this config's "
                           f"model.policies {list(policies)} lack: it is another run's log; give the config the "
                           "run saved (its run folder's config.yaml).")
@@ -128,10 +135,11 @@ class ReplayLog:
             if differs is not None:
                 raise ReplayMismatch(
                     f"mrl replay: batch {step} of {name!r} differs from the run's log ({differs}): this replay "
-                    "does not reproduce the run. Replay with the run's config.yaml and threads "
-                    "(--trainer.num_threads as each of its workers had); a policy that ran on several ranks, or "
-                    "with dropout in a version before mrl replay existed, is equal only up to rounding. "
-                    "--verify false trains on anyway (a counterfactual run against the same peer records).")
+                    "does not reproduce the run. Either the log or --ckpt_path is not that run's (or not whole), or "
+                    "the settings differ: replay with the run's config.yaml (seed, max_lag, async_rollouts) and "
+                    "threads (--trainer.num_threads as each of its workers had); a policy that ran on several ranks "
+                    "is equal only up to rounding. --verify false trains on anyway (a counterfactual run against "
+                    "the same peer records).")
 
     def count_through(self, step: int) -> int:
         """How many of the logged policies' records were sampled at rollout steps 1..``step``."""
@@ -151,8 +159,8 @@ def _read(path: str) -> tuple[list, bool]:
     if os.path.isdir(path) and not any(name.endswith(".parquet") for name in os.listdir(path)):
         inside = os.path.join(path, "exchange.jsonl")
         hint = f" (it holds {inside!r})" if os.path.isfile(inside) else ""
-        raise ConfigError(f"Invalid replay:\n  - --exchange_log={path!r} is a folder without a Parquet log{hint}; "
-                          "give the log file the run wrote (SharedExperienceExchange.log_path).")
+        raise ConfigError(f"Invalid replay:\n  - --exchange_log={path!r} is a folder{hint}; give the log file the "
+                          "run wrote (SharedExperienceExchange.log_path, e.g. RUN/exchange.jsonl).")
     try:
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
@@ -173,10 +181,24 @@ def _first_difference(mine: list, theirs: list) -> str | None:
                 return f"{where} here, a {b.record_type} of prompt {b.prompt_id!r} in the log"
             field = next(f.name for f in dataclasses.fields(a) if record_key(a) != record_key(
                 dataclasses.replace(a, **{f.name: getattr(b, f.name)})))
-            return f"{where}: {field} {_short(getattr(a, field))} here, {_short(getattr(b, field))} in the log"
+            mine, theirs = getattr(a, field), getattr(b, field)
+            if isinstance(mine, tuple) and isinstance(theirs, tuple) and len(mine) == len(theirs):
+                i = next(k for k, (x, y) in enumerate(zip(mine, theirs)) if not (x == y or (x != x and y != y)))
+                field, mine, theirs = f"{field}[{i}]", mine[i], theirs[i]
+            return f"{where}: {field} {_short(mine)} here, {_short(theirs)} in the log"
     if len(mine) != len(theirs):
         return f"{len(mine)} records here, {len(theirs)} in the log"
     return None
+
+
+def _ranges(steps: list[int]) -> str:
+    """``[3, 4, 5, 9]`` -> ``"3-5, 9"``."""
+    out, start = [], steps[0]
+    for prev, step in zip(steps, steps[1:] + [None]):
+        if step != prev + 1 if step is not None else True:
+            out.append(f"{start}-{prev}" if prev != start else f"{start}")
+            start = step
+    return ", ".join(out)
 
 
 def _short(value) -> str:
@@ -203,8 +225,40 @@ def one_process(trainer: dict) -> tuple[dict, str | None]:
         changes["num_threads"] = omp_threads() or max(1, available_cores() // devices)
     was = ", ".join(f"{key} {trainer.get(key)}" for key in changes if trainer.get(key) is not None)
     now = ", ".join(f"{key} {value}" for key, value in changes.items() if value is not None)
-    return changes, (f"mrl replay runs in one process: trainer {now} (the run had {was}), each policy on the "
-                     "threads a worker had; every batch is checked against the log (--verify).")
+    threads = "each policy on the threads a worker of the run had" if "num_threads" in changes else \
+        f"num_threads {trainer.get('num_threads')} as configured"
+    return changes, (f"mrl replay runs in one process: trainer {now} (the config gave {was}), {threads}; every "
+                     "batch is checked against the log (--verify).")
+
+
+REPLAY_ONLY = ("exchange_log", "policies", "verify")
+"""The replay's own arguments, left out of the ``config.yaml`` it saves (which ``mrl fit --config`` then reads)."""
+
+
+def override_errors(argv: list[str]) -> list[str]:
+    """``mrl replay`` arguments overriding a policy value that reaches a policy the replay reads from the log.
+
+    jsonargparse applies ``--model.policies[.init_args].<key>`` to the list's last policy; under ``mrl replay``
+    that policy may be one that does not run, so the override would change nothing, silently.
+    """
+    if argv[:1] != ["replay"]:
+        return []
+    from mrl_lightning.config.preflight import _read_argv
+
+    events = _read_argv(argv) or []
+    names, replayed, keys = [], [], []
+    for key, value in events:
+        if key == "config" and isinstance(value.get("model"), dict) and isinstance(value["model"].get("policies"), list):
+            names = [(e.get("init_args") or {}).get("name") for e in value["model"]["policies"] if isinstance(e, dict)]
+        elif key == "policies":
+            replayed = [value] if isinstance(value, str) else list(value or [])
+        elif key.startswith("model.policies.init_args."):
+            keys.append(key[len("model.policies.init_args."):])
+    if not (names and keys and replayed) or names[-1] in replayed:
+        return []
+    return [f"--model.policies.{key} reaches the last policy of the list, {names[-1]!r}, which mrl replay reads "
+            f"from the log and does not run: it would change nothing. To change {replayed[0]!r}, copy the run's "
+            "config.yaml, edit its entry there, and replay with --verify false." for key in keys]
 
 
 def fresh_version(trainer: dict) -> tuple[dict, str | None]:
@@ -235,7 +289,16 @@ def replay_errors(trainer, model, log: ReplayLog) -> list[str]:
     if not exchange:
         errors.append("trainer.callbacks has no SharedExperienceExchange: the logged policies' records would reach "
                       "no one; replay with the config the run saved.")
-    elif exchange[0].log_path and os.path.isabs(exchange[0].log_path) and os.path.exists(exchange[0].log_path) \
+    elif "group_stats" in exchange[0].record_types or ("rollout" in exchange[0].record_types
+                                                        and not exchange[0].rollouts_of_successes_only):
+        for name in log.logged:  # such records come with every batch: a batch without any is missing
+            missing = [b for b in range(log.first_step, min(trainer.max_steps, log.last_step) + 1)
+                       if (name, b) not in log.by_step]
+            if missing:
+                errors.append(f"--exchange_log={log.path!r} holds no record of {name!r} for batches "
+                              f"{_ranges(missing)}, though the run's exchange published some at every batch: the "
+                              "log is not whole; give the run's whole log.")
+    if exchange and exchange[0].log_path and os.path.isabs(exchange[0].log_path) and os.path.exists(exchange[0].log_path) \
             and os.path.samefile(exchange[0].log_path, log.path):
         errors.append(f"SharedExperienceExchange.log_path={exchange[0].log_path!r} is the log being replayed: the "
                       "replay would write into it. Give a relative log_path (the replay's own run folder) or "
@@ -248,8 +311,10 @@ class Replay:
 
     def replay(self, model, datamodule, exchange_log: str, policies: str | list[str], verify: bool = True,
                ckpt_path: str | None = None) -> None:
-        """Train ``policies`` again as in the run that wrote ``exchange_log``, the other policies' SEE records
-        read from that log instead of sampled (docs/see.md, "Replay"). One process; ``ckpt_path`` as in ``fit``.
+        """Train policies of a run again, their peers' SEE records read from the run's exchange log.
+
+        The other policies do not run; at each batch they hand on what the log holds of it (docs/see.md,
+        "Replay"). One process; ``ckpt_path`` as in ``fit``.
 
         Args:
             model: The :class:`~mrl_lightning.loop.system.MutualRL` system: the run's config (its ``config.yaml``).

@@ -33,7 +33,7 @@ from lightning.fabric.loggers import TensorBoardLogger
 
 from mrl_lightning.builders import build_on_rank
 from mrl_lightning.callbacks.base import HookContext, InContext, MRLCallback, collect_services
-from mrl_lightning.loop.dynamic_sampling import extra_samples, sample_until_full
+from mrl_lightning.loop.dynamic_sampling import extra_samples
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.lifeline import is_launched_worker
 from mrl_lightning.metrics import Global
@@ -43,14 +43,14 @@ from mrl_lightning.mwra.process import peak_memory_gib, release_free_memory
 from mrl_lightning.objectives.aux_share import term_names
 from mrl_lightning.config.preflight import check_before_build, make_fabric, trainer_errors
 from mrl_lightning.loop.pace import Pace, check_resume_lag, lag_errors, step_wait_metrics
+from mrl_lightning.loop.prefetch import Prefetch, async_errors, check_resume_async, sample_batch
 from mrl_lightning.loop.progress import RunProgress, done_line, stop_context
 from mrl_lightning.loop.replay import Replay, ReplayLog
-from mrl_lightning.loop.reporting import evaluate_step, rollout_metrics
+from mrl_lightning.loop.reporting import evaluate_step
 from mrl_lightning.run.state import (complete_run_line, restore_run_checkpoint, save_run_checkpoint,
                                           write_run_files)
-from mrl_lightning.update.policy_update import mark_for_rescoring, new_train_batch, policy_update, sampling_precision
+from mrl_lightning.update.policy_update import new_train_batch, policy_update
 
-FULL_PRECISION = ("32-true", "32", "64-true", "64")
 
 
 class MRLTrainer(Replay):
@@ -96,6 +96,9 @@ class MRLTrainer(Replay):
         max_lag: Batches a policy may run ahead of its peers (docs/mwra.md, "Pace"): step s samples
             batch s and trains batch s - max_lag with every policy's records of it, so no rank waits
             at the exchange or for the logger until it is that far ahead; 0 = lockstep.
+        async_rollouts: Sample the next batch on a thread beside each update, from the weights before it
+            (docs/mwra.md, "Rollouts during the update"): every batch one update older (``max_lag + 1``), the
+            same results however the two overlap; :mod:`mrl_lightning.loop.prefetch`.
 
     Raises:
         ConfigError: invalid values (all at once), an accelerator this machine does not have, or a
@@ -127,6 +130,7 @@ class MRLTrainer(Replay):
         version: int | str | None = None,
         seed: int | None = None,
         max_lag: int = 0,
+        async_rollouts: bool = False,
     ) -> None:
         errors = trainer_errors(max_steps=max_steps, log_every_n_steps=log_every_n_steps,
                                 eval_every_n_steps=eval_every_n_steps, keep_checkpoints=keep_checkpoints,
@@ -141,7 +145,7 @@ class MRLTrainer(Replay):
         if isinstance(fit, str):  # more GPUs asked than present, and the config's placement needs them
             raise ConfigError(fit)
         devices, placement, self.devices_note = fit.devices, fit.placement, fit.note  # docs/mwra.md, "One GPU"
-        self.max_steps, self.max_lag = max_steps, max_lag
+        self.max_steps, self.max_lag, self.async_rollouts = max_steps, max_lag, async_rollouts
         self.callbacks: list[MRLCallback] = list(callbacks or [])
         self.log_every_n_steps, self.eval_every_n_steps = log_every_n_steps, eval_every_n_steps
         self.checkpoint_every_n_steps, self.keep_checkpoints = checkpoint_every_n_steps, keep_checkpoints
@@ -166,6 +170,7 @@ class MRLTrainer(Replay):
         self.last_eval: dict[str, float] = {}
         self._modules: dict[str, tuple[Any, Any]] = {}
         self.replay_log: ReplayLog | None = None  # set by replay()
+        self._sampled_after = 0  # updates done when the batch this step sampled was sampled
 
     global_step = InContext("Training steps done (``ctx.global_step``).")
     rollout_step = InContext("Rollout phases done (``ctx.rollout_step``).")
@@ -232,7 +237,7 @@ class MRLTrainer(Replay):
         if complete is not None:  # a requeued job of a finished run: nothing built, no run folder made
             self.print(complete)
             return
-        errors = lag_errors(self.max_lag, model.policies)  # before anything is built, like check_before_build's
+        errors = lag_errors(self.max_lag, model.policies) + async_errors(self.async_rollouts, model.policies)
         if errors:
             raise ConfigError("Invalid trainer config:\n  - " + "\n  - ".join(errors))
         try:
@@ -242,6 +247,7 @@ class MRLTrainer(Replay):
         checkpoint = checked.checkpoint
         if checkpoint is not None:  # what each step reads depends on max_lag: refused before any model is built
             check_resume_lag(checkpoint.get("counters", {}), self.max_lag, ckpt_path, checked.placement)
+            check_resume_async(checkpoint.get("counters", {}), self.async_rollouts, ckpt_path)
         self.fabric.launch()
         torch.set_num_threads(checked.threads)  # after: Lightning's launcher sets cores // processes without OMP_NUM_THREADS
         watch = self._watch()
@@ -251,6 +257,7 @@ class MRLTrainer(Replay):
         if self.replay_log is not None:  # the logged policies run nowhere: their records come from the log
             w.local_policies, self.ctx.replay = [n for n in w.local_policies if n not in self.replay_log.logged], self.replay_log
         w.pace = self.pace = Pace(w, self.max_lag, self.collective_timeout_s, self.fabric.device, self.fabric.log_dict)
+        self.pace.async_rollouts, self.prefetch = self.async_rollouts, Prefetch(self.async_rollouts, self.fabric.device)
         self.logger._version = w.broadcast_from_zero(self.logger.version, "run folder")
         self.ctx.workers, self.ctx.log_dir, self.ctx.is_global_zero = w, self.log_dir, self.is_global_zero
         self.print("Resource plan (MWRA):\n" + (f"{self.devices_note}\n" if self.devices_note else "") + checked.plan_text)
@@ -277,7 +284,7 @@ class MRLTrainer(Replay):
         self.save_checkpoint(model, datamodule)
         self.fabric.call("on_fit_end", self.ctx, model)
         self.logger.finalize("success")
-        self.print(done_line(self.global_step, self.last_checkpoint_path, self.default_root_dir))
+        self.print(done_line(self.global_step, self.last_checkpoint_path, self.default_root_dir, self.replay_log is not None))
         launcher = getattr(self.fabric.strategy, "launcher", None)
         if getattr(launcher, "watch", None) is not None:
             launcher.join(timeout_s=60.0)  # the workers finish their last steps; none outlives the run
@@ -298,7 +305,7 @@ class MRLTrainer(Replay):
                     continue
                 window.append(metrics)
                 shown.update(metrics)
-                if self.global_step % self.log_every_n_steps == 0:
+                if self.global_step % self.log_every_n_steps == 0 or self.global_step == self.max_steps:
                     # Ranks meet once per log window, not once per step (and with a lag, not at all: pace.py).
                     with self.workers.phase("metrics"):
                         for logged in self.pace.log_window(self.global_step, window):
@@ -306,6 +313,7 @@ class MRLTrainer(Replay):
                     window = []
                 progress.update(self.global_step, shown, self.last_eval)
                 if self.eval_every_n_steps and self.global_step % self.eval_every_n_steps == 0:
+                    self.prefetch.join()  # (the thread samples from copies; joined all the same)
                     evaluate_step(self, model, datamodule)
                     progress.update(self.global_step, shown, self.last_eval)
                 if self.checkpoint_every_n_steps and self.global_step % self.checkpoint_every_n_steps == 0 \
@@ -328,13 +336,16 @@ class MRLTrainer(Replay):
         start, before = self.pace.begin(), w.take_waits()  # before: the last log step's metric gather, ...
         metrics: dict[str, float] = {}
         sampled = self._sample(model, datamodule, metrics) if self.rollout_step < self.max_steps else None
-        train = self.pace.queue(self.rollout_step, self.max_steps, sampled, self.global_step)
+        train = self.pace.queue(self.rollout_step, self.max_steps, sampled, self._sampled_after)
         if self.max_lag:  # the exchange's clock: the batch trained (lockstep: the batch sampled)
             self.ctx.trained_batch = train if train is not None else max(self.rollout_step - self.max_lag, 0)
         with w.phase("exchange"):
             t0 = time.perf_counter()
             self.fabric.call("on_rollouts_end", self.ctx, model, sampled[0] if sampled else {})
             metrics["train/exchange_time_s"] = time.perf_counter() - t0
+        if self.async_rollouts and self.rollout_step < self.max_steps:  # the next batch, beside this update
+            with w.phase("rollout", self.rollout_step + 1):
+                self.prefetch.start(self, model, datamodule)
         if train is None:
             return None
         scored, keep = self.pace.take(train, metrics, self.global_step)
@@ -347,31 +358,17 @@ class MRLTrainer(Replay):
         return metrics
 
     def _sample(self, model, datamodule, metrics: dict[str, float]) -> tuple[dict, dict]:
-        """The next batch's rollouts of this rank's policies, scored: ``({policy: ScoredRollouts}, {policy: kept})``."""
+        """The next batch's rollouts of this rank's policies, scored: ``({policy: ScoredRollouts}, {policy: kept})``
+        (:func:`~mrl_lightning.loop.prefetch.sample_batch`; sampled during the last update with ``async_rollouts``)."""
         w = self.workers
-        items = datamodule.next_batch()
-        scored, keep, extra = {}, {}, {}
         with w.phase("rollout", self.rollout_step + 1):
-            for name in w.local_policies:
-                t0 = time.perf_counter()
-                policy = model.policies[name]
-                positions = w.shard_indices(name, len(items))  # keyed by its place in the batch, not the rank
-                seeds = [stream_seed(self._run_seed(), name, "rollout", self.rollout_step, b) for b in positions]
-                with sampling_precision(self.fabric, [policy]):
-                    scored[name] = model.rollout(policy, [items[b] for b in positions], prompt_seeds=seeds,
-                                                 seed=stream_seed(self._run_seed(), name, "rollout", self.rollout_step))
-                    if policy.filter_groups:  # DAPO's dynamic sampling: its own extra generation batches
-                        scored[name], keep[name], more, extra[name] = sample_until_full(
-                            model, policy, datamodule, w, items, scored[name], run_seed=self._run_seed(),
-                            rollout_step=self.rollout_step)
-                        metrics.update(more)
-                if self.precision not in FULL_PRECISION:  # the update re-scores in its own precision
-                    mark_for_rescoring(scored[name].rollouts)
-                metrics.update(rollout_metrics(scored[name], policy))
-                elapsed = time.perf_counter() - t0
-                metrics[f"rollout/{name}/gen_time_s"] = metrics[f"mwra/{name}/rollout_s"] = elapsed
-                tokens = float(scored[name].rollouts.completion_mask.sum())
-                metrics[f"mwra/{name}/rollout_tokens_per_s"] = tokens / max(elapsed, 1e-9)
+            ahead = self.prefetch.take(self.rollout_step + 1)  # None: not sampled ahead
+            self._sampled_after = self.prefetch.sampled_after if ahead is not None else self.global_step
+            if ahead is None:
+                ahead = sample_batch(self, model, datamodule, datamodule.next_batch(), self.rollout_step,
+                                     {name: model.policies[name] for name in w.local_policies})
+            items, scored, keep, more, extra = ahead
+            metrics.update(more)
             release_free_memory()  # sampling's freed [N, V] blocks back to the OS (docs/mwra.md, "The memory model")
             more = (extra_samples(w, extra, dict(model.policies))  # a world gather: its wait counts as rollout's
                     if any(p.filter_groups for p in model.policies.values()) else 0)
@@ -425,6 +422,7 @@ class MRLTrainer(Replay):
                     "samples_seen": self.samples_seen, "optimizer_steps": dict(self.optimizer_steps)}
         with self.workers.phase("checkpoint"):
             counters.update(self.pace.counters())  # a lag's records still to be read
+            counters.update(self.prefetch.counters(self.workers))  # the batch sampled ahead
         with self.workers.phase("checkpoint"):
             return save_run_checkpoint(Path(self.log_dir) / "checkpoints", self.global_step, workers=self.workers,
                                        policies=dict(model.policies), callbacks=self.callbacks,
@@ -440,3 +438,4 @@ class MRLTrainer(Replay):
         self.global_step, self.rollout_step, self.samples_seen = c["global_step"], c["rollout_step"], c["samples_seen"]
         self.optimizer_steps = dict(c["optimizer_steps"])
         self.pace.load(c)
+        self.prefetch.load(c, self.workers, self.fabric.device)

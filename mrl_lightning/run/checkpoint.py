@@ -408,14 +408,14 @@ def check_compatible(state: dict[str, Any], policy_names: list[str], max_steps: 
             is below the checkpoint's step. At exactly its step nothing is refused: the run is complete
             (:func:`read_manifest`; docs/loop.md, "Resuming: what the config may change").
     """
-    made_with = "its run folder's config.yaml"
-    if path is not None:
-        made_with = str(Path(path).expanduser().absolute().parent.parent / "config.yaml")
+    made_with = (str(Path(path).expanduser().absolute().parent.parent / "config.yaml") if path is not None
+                 else "its run folder's config.yaml")
     field = f"ckpt_path={str(path)!r}" if path is not None else "the checkpoint"
     saved = sorted(checkpoint_policies(state))
-    if saved != sorted(policy_names):
-        raise CheckpointError(f"the checkpoint holds policies {saved} but model.policies names {sorted(policy_names)}; "
-                              f"resume with the config the checkpoint was made with ({made_with}).")
+    if saved != sorted(policy_names):  # a replay's checkpoint holds the policies it trained (docs/see.md, "Replay")
+        fix = (f"it is a replay's: resume it with mrl replay --policies {saved}, or from one of the run's checkpoints"
+               if set(saved) < set(policy_names) else f"resume with the config the checkpoint was made with ({made_with})")
+        raise CheckpointError(f"the checkpoint holds policies {saved} but model.policies names {sorted(policy_names)}; {fix}.")
     found = fingerprint(state)
     problems = []
     if data_parts is not None and found.get("data_parts") and sorted(found["data_parts"]) != sorted(data_parts):

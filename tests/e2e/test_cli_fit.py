@@ -171,11 +171,13 @@ def test_eval_every_n_steps_zero_turns_evaluation_off_at_the_start_and_the_end_t
     assert trainer_errors(eval_every_n_steps=0) == []
     assert trainer_errors(eval_every_n_steps=-1) == [
         "trainer.eval_every_n_steps=-1 must be an integer >= 0 (0 = no evaluation); e.g. --trainer.eval_every_n_steps 1."]
-    run = _fit(write_config(), "--trainer.eval_every_n_steps", "0")
+    # a run shorter than its log window logs that window at its last step (it logged no scalar at all before)
+    run = _fit(write_config(), "--trainer.eval_every_n_steps", "0", "--trainer.log_every_n_steps", "10")
     out = capsys.readouterr().out
     assert "[eval]" not in out and "Done at step 2." in out
     events = EventAccumulator(str(run))
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert "train/gpt2/loss" in tags and not [t for t in tags if t.startswith("eval/")], sorted(tags)
+    assert [e.step for e in events.Scalars("train/gpt2/loss")] == [2]
     assert load_checkpoint(run / "checkpoints" / "last.ckpt", policies=())["counters"]["global_step"] == 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import yaml
 from test_mwra_fit import DISJOINT, _ckpt, _mrl, _ok, write_stepwise_config
+from test_pace_fit import _equal
 
 
 def _logged_config(folder, max_steps: int):
@@ -39,16 +40,6 @@ def _assert_replayed(config, run: str, version: str, policy: str, other: str) ->
     assert log.count(b"\n") > 40 and (runs / version / "exchange.jsonl").read_bytes() == log
 
 
-def _equal(a, b) -> bool:
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(_equal, a, b))
-    if hasattr(a, "equal"):
-        return hasattr(b, "equal") and a.dtype == b.dtype and a.equal(b)
-    return a == b
-
-
 @pytest.fixture(scope="module")
 def logged(tmp_path_factory):
     config = _logged_config(tmp_path_factory.mktemp("replay"), max_steps=4)
@@ -59,9 +50,14 @@ def logged(tmp_path_factory):
 def test_a_replayed_policy_ends_equal_to_the_run(logged):
     proc = _replay(logged, "run", "gpt2", "gpt2")
     _ok(proc)
-    assert "mrl replay runs in one process" in proc.stderr and "the run had devices 2" in proc.stderr
+    assert "mrl replay runs in one process" in proc.stderr and "the config gave devices 2" in proc.stderr
     assert "Replayed against" in proc.stdout and "of 'llama'" in proc.stdout
     _assert_replayed(logged, "run", "gpt2", "gpt2", "llama")
+    saved = (logged.parent / "runs" / "gpt2" / "config.yaml").read_text()
+    assert "exchange_log" not in saved and "verify" not in saved  # mrl fit reads it
+    proc = _mrl(logged.parent / "runs" / "gpt2" / "config.yaml", "--trainer.version", "fit-on", "--trainer.max_steps", "6",
+                "--ckpt_path", str(logged.parent / "runs" / "gpt2" / "checkpoints" / "last.ckpt"))
+    assert proc.returncode == 2 and "it is a replay's: resume it with mrl replay --policies ['gpt2']" in proc.stderr
     # the peer's records are read, not ignored: without llama's successes (what SGT transfers) gpt2 trains otherwise
     runs = logged.parent / "runs"
     (runs / "cut").mkdir()

@@ -47,6 +47,12 @@ def test_each_step_gets_the_logged_policys_records_of_that_batch_in_log_order(lo
 def test_a_replay_refuses_what_it_cannot_reproduce_in_one_message(log, tmp_path):
     with pytest.raises(ConfigError, match=r"--policies names 'c'.*\n.*leave at least one"):
         ReplayLog(str(log), ["a", "b"], ["c", "a", "b"], max_steps=3)
+    with pytest.raises(ConfigError, match="names 'A', which is not in model.policies \\['a', 'b'\\]; did you mean 'a'\\?"):
+        ReplayLog(str(log), ["a", "b"], ["A"], max_steps=3)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ConfigError, match="holds no record: was the run's SharedExperienceExchange logging"):
+        ReplayLog(str(empty), ["a", "b"], ["a"], max_steps=1)
     with pytest.raises(ConfigError, match="--policies=\\[\\]"):
         ReplayLog(str(log), ["a", "b"], [], max_steps=3)
     with pytest.raises(ConfigError, match="cannot be read .*does not exist.*runs/version_0/exchange.jsonl"):
@@ -56,7 +62,7 @@ def test_a_replay_refuses_what_it_cannot_reproduce_in_one_message(log, tmp_path)
     with pytest.raises(ConfigError, match=r"holds records of \['b'\], which .*another run's log"):
         ReplayLog(str(log), ["a", "c"], ["a"], max_steps=3)
     ReplayLog(str(log), ["a", "b", "c"], ["a", "b"], max_steps=3)  # a policy that shared nothing: none to hand on
-    with pytest.raises(ConfigError, match=r"is a folder without a Parquet log \(it holds '.*exchange.jsonl'\)"):
+    with pytest.raises(ConfigError, match=r"is a folder \(it holds '.*exchange.jsonl'\); give the log file"):
         ReplayLog(str(log.parent), ["a", "b"], ["a"], max_steps=3)
     torn = tmp_path / "torn.jsonl"
     torn.write_text(log.read_text()[:-20])  # the run stopped while writing step 3's records
@@ -76,9 +82,10 @@ def test_one_process_keeps_each_policy_on_the_threads_a_worker_had(monkeypatch):
     changes, note = one_process({"devices": 2, "num_nodes": 1, "placement": "disjoint", "num_threads": None,
                                  "policy_ranks": {"a": 1, "b": 1}})
     assert changes == {"devices": 1, "num_nodes": 1, "placement": "colocated", "policy_ranks": None, "num_threads": 4}
-    assert "devices 1" in note and "the run had devices 2" in note and "num_threads 4" in note
+    assert "devices 1" in note and "the config gave devices 2" in note and "threads a worker of the run had" in note and "num_threads 4" in note
     changes, _ = one_process({"devices": 2, "num_nodes": 2, "num_threads": 3})
     assert changes["num_nodes"] == 1 and "num_threads" not in changes  # the config's own threads are kept
+    assert "num_threads 3 as configured" in one_process({"devices": 2, "num_nodes": 2, "num_threads": 3})[1]
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert one_process({"devices": 4, "num_threads": None})[0]["num_threads"] == 2
 
@@ -89,7 +96,7 @@ def test_a_replayed_policys_own_records_are_checked_against_the_log(log, tmp_pat
     replay.check(2, {"a": [own, [own[1]]]})  # equal (a repeated record is dropped by the exchange, as in the run)
     other = [own[0], RolloutRecord("p0", "a", 2, "a20", (1, 2), (-0.5, -0.2), ((0, 1), (1, 2)), 1.0, "stop", "fp")]
     with pytest.raises(ReplayMismatch, match=r"batch 2 of 'a' differs .*record 1, a rollout of prompt 'p0': "
-                                             r"logprobs \(-0.5, -0.2\) here, \(-0.5, -0.25\) in the log"):
+                                             r"logprobs\[1\] -0.2 here, -0.25 in the log.*not that run's"):
         replay.check(2, {"a": [other]})
     with pytest.raises(ReplayMismatch, match="1 records here, 2 in the log.*--verify false"):
         replay.check(2, {"a": [own[:1]]})
@@ -122,3 +129,41 @@ def test_a_replay_of_a_runs_own_config_writes_a_folder_of_its_own(tmp_path):
     (tmp_path / "version_3" / "config.yaml").write_text("{}")
     assert fresh_version({"default_root_dir": str(tmp_path), "version": 3})[0] == {"version": None}
     assert fresh_version({"default_root_dir": str(tmp_path), "version": None}) == ({}, None)
+
+
+def test_an_override_that_reaches_a_policy_the_replay_does_not_run_is_refused(tmp_path):
+    import yaml
+
+    from mrl_lightning.loop.replay import override_errors
+
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"model": {"policies": [{"init_args": {"name": "a"}}, {"init_args": {"name": "b"}}]}}))
+    argv = ["replay", "--config", str(config), "--exchange_log", "x.jsonl", "--policies", "a"]
+    for key in ("--model.policies.learning_rate", "--model.policies.init_args.learning_rate"):
+        (line,) = override_errors([*argv, key, "0.001"])
+        assert line.startswith("--model.policies.learning_rate reaches the last policy of the list, 'b', which mrl "
+                               "replay reads from the log") and "copy the run's config.yaml" in line
+    assert override_errors([*argv[:-1], "b", "--model.policies.learning_rate", "0.001"]) == []  # b is replayed
+    assert override_errors([*argv[:-1], "[a,b]", "--model.policies.learning_rate", "0.001"]) == []
+    assert override_errors(["fit", *argv[1:], "--model.policies.learning_rate", "0.001"]) == []  # mrl fit: a note
+
+
+def test_a_log_missing_a_batch_of_records_every_batch_has_is_refused_before_the_build(log, tmp_path):
+    import types
+
+    from mrl_lightning.callbacks.exchange import SharedExperienceExchange
+    from mrl_lightning.loop.replay import replay_errors
+
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(line for line in log.read_text().splitlines(keepends=True)
+                           if not ('"source": "b"' in line and '"step": 2' in line)))
+    trainer = types.SimpleNamespace(fabric=types.SimpleNamespace(world_size=1), max_steps=3,
+                                    callbacks=[SharedExperienceExchange(record_types=["group_stats", "success"])])
+    assert replay_errors(trainer, None, ReplayLog(str(log), ["a", "b"], ["a"], max_steps=3)) == []
+    (line,) = replay_errors(trainer, None, ReplayLog(str(cut), ["a", "b"], ["a"], max_steps=3))
+    assert "holds no record of 'b' for batches 2, though the run's exchange published some at every batch" in line
+    trainer.callbacks = [SharedExperienceExchange(record_types=["success"])]  # a batch may hold none: not checked
+    assert replay_errors(trainer, None, ReplayLog(str(cut), ["a", "b"], ["a"], max_steps=3)) == []
+    trainer.fabric.world_size, trainer.callbacks = 2, []
+    assert [line[:40] for line in replay_errors(trainer, None, ReplayLog(str(log), ["a", "b"], ["a"], max_steps=3))] \
+        == ["mrl replay runs in one process, but this", "trainer.callbacks has no SharedExperienc"]

@@ -419,7 +419,7 @@ def test_a_bad_policy_value_is_refused_before_the_config_is_parsed(write_tiny_co
     monkeypatch.setattr(MRLArgumentParser, "parse_args", no_parse)
     err = _refused(capsys, "--config", str(write_tiny_config()), "--model.policies.init_args.learning_rate", "-1")
     note, error = err.split("\n", 1)  # the notes come first: this one says which policy the override reached
-    assert note.startswith("note: --model.policies.init_args.learning_rate applies to the last policy of the list")
+    assert note.startswith("note: --model.policies.learning_rate applies to the last policy of the list")
     assert error.startswith("mrl: configuration error:\nInvalid config for policy ")
     assert error.endswith("learning_rate=-1.0 must be > 0.\n")
 
@@ -447,9 +447,10 @@ def test_an_override_of_a_policy_value_says_it_reaches_the_last_policy_only(tmp_
 
     two = _policies(tmp_path, "two.yaml", {"name": "p", "model": "m"}, {"name": "q", "model": "m"})
     one = _policies(tmp_path, "one.yaml", {"name": "p", "model": "m"})
-    (note,) = policy_override_notes(["fit", "--config", two, "--model.policies.init_args.learning_rate", "0.005"])
-    assert note.startswith("note: --model.policies.init_args.learning_rate applies to the last policy of the list "
-                           "only ('q'; the others, ['p'], keep their value).")
+    for key in ("--model.policies.init_args.learning_rate", "--model.policies.learning_rate"):  # the same to the parser
+        (note,) = policy_override_notes(["fit", "--config", two, key, "0.005"])
+        assert note.startswith("note: --model.policies.learning_rate applies to the last policy of the list "
+                               "only ('q'; the others, ['p'], keep their value).")
     assert policy_override_notes(["fit", "--config", one, "--model.policies.init_args.learning_rate", "0.005"]) == []
     assert policy_override_notes(["fit", "--config", two]) == []
 
