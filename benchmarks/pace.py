@@ -134,17 +134,97 @@ def simulate(rollout: dict[str, list[float]], update: dict[str, list[float]], ma
     return last_update / n
 
 
-def _one_process(folder: Path) -> bool:
+def simulate_beside(rollout: dict[str, list[float]], update: dict[str, list[float]]) -> float:
+    """Seconds per step of disjoint workers with these phase times under ``async_rollouts`` (``max_lag`` 0), where
+    sampling never slows the update (a sampler on devices of its own: the most overlap can give).
+
+    Batch 1 is sampled first; then each step starts once every worker's batch is sampled and the last step has
+    met, trains it, and samples the next batch from the update's start on. Returns the last update's time over
+    the steps.
+    """
+    names, n = list(rollout), len(next(iter(rollout.values())))
+    sampled, t = {p: rollout[p][0] for p in names}, 0.0
+    for step in range(1, n + 1):
+        start = max(t, max(sampled.values()))
+        sampled = {p: start + (rollout[p][step] if step < n else 0.0) for p in names}
+        t = max(start + update[p][step - 1] for p in names)
+    return t / n
+
+
+def _trainer(folder: Path) -> dict:
     import yaml
 
     config = folder / "config.yaml"
-    return config.is_file() and (yaml.safe_load(config.read_text()).get("trainer", {}).get("devices", 1) == 1)
+    return (yaml.safe_load(config.read_text()).get("trainer", {}) or {}) if config.is_file() else {}
+
+
+def _one_process(folder: Path) -> bool:
+    return bool(_trainer(folder)) and _trainer(folder).get("devices", 1) == 1
+
+
+def _async(folder: Path) -> bool:
+    return bool(_trainer(folder).get("async_rollouts", False))
+
+
+def lanes(scalars: dict, serial: bool, beside: bool) -> tuple[list[str], list[tuple[str, str, float, float]]]:
+    """The timeline's rows and bars ``(row, phase, left, width)`` of one arm, from its phase times (:func:`timeline`).
+
+    ``serial``: one process (its policies take turns on one row); ``beside``: ``async_rollouts`` (a sampler-thread
+    row per worker: the next batch's rollouts start as the updates do; the loop waits for them at the next step).
+    """
+    names = policies_of(scalars)
+    rows = ["one process"] if serial else names
+    rows = [r for row in rows for r in ((row, f"{row}: sampler thread") if beside else (row,))]
+    t = {row: 0.0 for row in rows}
+    bars: list[tuple[str, str, float, float]] = []
+    steps = sorted(scalars[f"mwra/{names[0]}/rollout_s"])
+
+    def bar(row: str, phase: str, width: float, left: float | None = None) -> None:
+        left = t[row] if left is None else left
+        if width > 0:
+            bars.append((row, phase, left, width))
+            t[row] = left + width
+
+    for i, step in enumerate(steps):
+        span = step - (steps[i - 1] if i else 0)  # steps this logged point stands for
+        nxt = steps[i + 1] if i + 1 < len(steps) else None
+
+        def get(p: str, tag: str, at: int = step) -> float:
+            return scalars.get(f"mwra/{p}/{tag}", {}).get(at, 0.0) * span
+
+        if beside:  # the loop joins the thread, exchanges, starts the next batch's sampling, then trains
+            lane_of = {p: rows[0] if serial else p for p in names}
+            joined: set[str] = set()
+            for p, row in lane_of.items():
+                if i == 0:
+                    bar(row, "rollout_s", get(p, "rollout_s"))  # the first batch: sampled before the update
+                if row not in joined:  # waiting for the thread's batch (once a step on each row)
+                    joined.add(row)
+                    bar(row, "other_wait", t[f"{row}: sampler thread"] - t[row])
+                bar(row, "wait_exchange_s", get(p, "wait_exchange_s"))
+            launch = {row: t[row] for row in joined}  # the next batch's sampling starts before the updates
+            for p, row in lane_of.items():
+                thread = f"{row}: sampler thread"
+                if nxt is not None:
+                    bar(thread, "rollout_s", get(p, "rollout_s", nxt), left=max(t[thread], launch[row]))
+            for p, row in lane_of.items():
+                bar(row, "update_s", get(p, "update_s"))
+            continue
+        for p in names:
+            row = rows[0] if serial else p
+            widths = {"rollout_s": get(p, "rollout_s"), "wait_exchange_s": get(p, "wait_exchange_s"),
+                      "update_s": get(p, "update_s"), "other_wait": get(p, "wait_s") - get(p, "wait_exchange_s")}
+            for phase, width in widths.items():
+                bar(row, phase, width)
+    return rows, bars
 
 
 def timeline(runs: dict[str, dict], path: Path, folders: dict[str, Path] | None = None) -> None:
     """One panel per arm, on one time axis: each worker's rollout, exchange wait, update and other waits, step after
     step, from its phase times (a one-process arm is one row: its policies take turns). A run logged every few steps
-    has window means, drawn as wide as their window."""
+    has window means, drawn as wide as their window. An ``async_rollouts`` arm has a second lane per worker, its
+    sampler thread: the next batch's rollouts start as the updates do, and the loop waits for them at the next step
+    (a reconstruction from the phase times, which do not say how the two threads slowed each other)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -153,32 +233,23 @@ def timeline(runs: dict[str, dict], path: Path, folders: dict[str, Path] | None 
     colors = {"rollout_s": "#4c72b0", "wait_exchange_s": "#bbbbbb", "update_s": "#dd8452", "other_wait": "#dddddd"}
     fig, axes = plt.subplots(len(runs), 1, figsize=(11, 1.3 + 1.6 * len(runs)), squeeze=False, sharex=True)
     for ax, (arm, scalars) in zip(axes[:, 0], runs.items()):
-        names = policies_of(scalars)
         serial = folders is not None and _one_process(folders[arm])
-        rows = ["one process"] if serial else names
-        t = {row: 0.0 for row in rows}
-        steps = sorted(scalars[f"mwra/{names[0]}/rollout_s"])
-        for i, step in enumerate(steps):
-            span = step - (steps[i - 1] if i else 0)  # steps this logged point stands for
-            for p in names:
-                row = rows[0] if serial else p
-                get = lambda tag: scalars.get(f"mwra/{p}/{tag}", {}).get(step, 0.0) * span  # noqa: E731
-                widths = {"rollout_s": get("rollout_s"), "wait_exchange_s": get("wait_exchange_s"),
-                          "update_s": get("update_s"), "other_wait": get("wait_s") - get("wait_exchange_s")}
-                for phase, width in widths.items():
-                    if width > 0:
-                        ax.barh(rows.index(row), width, left=t[row], color=colors[phase], edgecolor="white",
-                                linewidth=0.3)
-                        t[row] += width
+        beside = folders is not None and _async(folders[arm])  # rollouts on a thread beside the update
+        rows, bars = lanes(scalars, serial, beside)
+        for row, phase, left, width in bars:
+            ax.barh(rows.index(row), width, left=left, color=colors[phase], edgecolor="white", linewidth=0.3)
         ax.set_yticks(range(len(rows)), rows)
+        steps = sorted(scalars[f"mwra/{policies_of(scalars)[0]}/rollout_s"])
         sparse = any(b - a > 1 for a, b in zip(steps, steps[1:]))
-        lagged = "pace/staleness_steps" in scalars  # its first max_lag steps only sampled: no step logged them
+        lagged = "pace/staleness_steps" in scalars and not (folders is not None and _async(folders[arm])
+                                                            and not _trainer(folders[arm]).get("max_lag"))
         ax.set_title(arm + (" (logged every few steps: window means)" if sparse else "")
                      + (" (the first max_lag steps, which only sample, are not logged: not drawn)" if lagged else ""),
                      loc="left", fontsize=10)
     axes[-1, 0].set_xlabel("seconds from the first step (each worker's phases, step after step)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
-    fig.legend(handles, ["rollout", "waiting at the exchange", "update (compose included)", "other waits (log gather)"],
+    fig.legend(handles, ["rollout", "waiting at the exchange", "update (compose included)",
+                         "other waits (log gather; the sampler thread's batch)"],
                loc="upper right", ncol=4, fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(path, dpi=110)
@@ -215,14 +286,17 @@ def report(out: Path, arms: list[str], walls: dict[str, float]) -> str:
     update = {p: [ref[f"mwra/{p}/update_s"][s] - ref.get(f"mwra/{p}/wait_update_s", {}).get(s, 0.0) for s in steps]
               for p in names}
     sim = {lag: simulate(rollout, update, lag) for lag in (0, 1, 2, 4)}
+    beside = simulate_beside(rollout, update)
     bound = balanced_bound(summaries[base], len(names))
     text = "\n".join(lines + phases + evals) + (
         f"\n\nBalanced bound of {base} (its one-thread work spread over {len(names)} workers, plus its exchange): "
         f"{bound:.2f} s a step.\n\nSimulated from {base}'s phase times (disjoint workers, no exchange cost), seconds "
-        "a step: " + ", ".join(f"max_lag {lag}: {v:.2f}" for lag, v in sim.items()) + ".\n")
+        "a step: " + ", ".join(f"max_lag {lag}: {v:.2f}" for lag, v in sim.items()) + f"; async_rollouts (max_lag 0, "
+        f"sampling never slowing the update, as on devices of its own): {beside:.2f}.\n")
     (out / "pace.md").write_text(text)
     (out / "pace.json").write_text(json.dumps({"arms": summaries, "walls_s": walls, "balanced_bound_s": bound,
-                                               "simulated_s_per_step": sim}, indent=2, sort_keys=True))
+                                               "simulated_s_per_step": sim, "simulated_async_rollouts_s_per_step":
+                                               beside}, indent=2, sort_keys=True))
     timeline(runs, out / "timeline.png", {arm: out / arm for arm in arms})
     return text
 

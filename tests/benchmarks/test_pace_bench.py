@@ -90,3 +90,34 @@ def test_bad_arguments_are_refused_in_one_line(pace, tmp_path, capsys, argv, say
     with pytest.raises(SystemExit) as stop:
         pace.main(["--out", str(out), *argv])
     assert stop.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_an_async_arm_draws_the_next_batch_beside_the_update_and_the_wait_for_it(pace):
+    scalars = {f"mwra/{p}/{tag}": {s: value for s in (1, 2, 3)}
+               for p, tag, value in (("a", "rollout_s", 4.0), ("a", "update_s", 3.0), ("a", "wait_exchange_s", 0.0),
+                                     ("b", "rollout_s", 1.0), ("b", "update_s", 6.0), ("b", "wait_exchange_s", 0.0))}
+    rows, bars = pace.lanes(scalars, serial=False, beside=True)
+    assert rows == ["a", "a: sampler thread", "b", "b: sampler thread"]
+    a = [(phase, left, width) for row, phase, left, width in bars if row == "a"]
+    thread = [(left, width) for row, phase, left, width in bars if row == "a: sampler thread"]
+    # batch 1 before the first update; batches 2 and 3 on the thread from each update's start; a waits 1 s for
+    # each (its 4 s of sampling against its 3 s update)
+    assert a == [("rollout_s", 0.0, 4.0), ("update_s", 4.0, 3.0), ("other_wait", 7.0, 1.0), ("update_s", 8.0, 3.0),
+                 ("other_wait", 11.0, 1.0), ("update_s", 12.0, 3.0)]
+    assert thread == [(4.0, 4.0), (8.0, 4.0)]
+    assert not [bar for bar in bars if bar[0] == "b" and bar[1] == "other_wait"]  # b's sampling hides in its update
+    rows, bars = pace.lanes(scalars, serial=True, beside=True)  # one process: one thread samples both in turn
+    assert rows == ["one process", "one process: sampler thread"]
+    assert [(left, width) for row, _, left, width in bars if row.endswith("thread")] == [
+        (5.0, 4.0), (9.0, 1.0), (14.0, 4.0), (18.0, 1.0)]  # after both first rollouts, then at each update
+    serial_lockstep = pace.lanes(scalars, serial=True, beside=False)[1]
+    assert sum(width for *_, width in serial_lockstep) == pytest.approx(3 * (4 + 3 + 1 + 6))
+
+
+def test_sampling_beside_the_update_hides_the_shorter_of_the_two(pace):
+    rollout, update = {"a": [4.0] * 40, "b": [6.0] * 40}, {"a": [6.0] * 40, "b": [8.0] * 40}
+    assert pace.simulate(rollout, update, 0) == pytest.approx(14.0)  # b: 6 + 8 in turn
+    beside = pace.simulate_beside(rollout, update)
+    assert beside == pytest.approx(8.0, rel=0.02)  # b's 6 s of sampling hides in its 8 s update (batch 1 first)
+    slow = {"a": [10.0] * 40, "b": [1.0] * 40}  # sampling longer than the update: the update hides in it
+    assert pace.simulate_beside(slow, {"a": [3.0] * 40, "b": [3.0] * 40}) == pytest.approx(10.0, rel=0.02)
