@@ -3,6 +3,7 @@
     python benchmarks/chaos.py --kills 12 --max-steps 30 --seed 0 --out /tmp/chaos
     python benchmarks/chaos.py --default --kills 4 --max-steps 48 --seed 0 --out /tmp/chaos_default
     python benchmarks/chaos.py --default --max-lag 2 --kills 3 --max-steps 200 --checkpoint-every 10 --out /tmp/chaos_lag
+    python benchmarks/chaos.py --default --async-rollouts --kills 3 --max-steps 60 --out /tmp/chaos_async
 
 What it does:
 
@@ -104,7 +105,8 @@ def child(marker: str, argv: list[str]) -> int:
 
 # --------------------------------------------------------------------------- the parent
 def write_config(folder: Path, root: Path, max_steps: int, log_path: Path, compress: bool = True,
-                 default: bool = False, checkpoint_every: int = 1, max_lag: int = 0) -> Path:
+                 default: bool = False, checkpoint_every: int = 1, max_lag: int = 0,
+                 async_rollouts: bool = False) -> Path:
     import yaml
 
     if default:  # the embedded default, its paths made absolute (the child runs from anywhere)
@@ -122,7 +124,7 @@ def write_config(folder: Path, root: Path, max_steps: int, log_path: Path, compr
         cfg["trainer"]["callbacks"][0]["init_args"] = {"log_path": str(log_path)}
     cfg["trainer"].update(max_steps=max_steps, checkpoint_every_n_steps=checkpoint_every, keep_checkpoints=3,
                           eval_every_n_steps=10_000, log_every_n_steps=5, enable_progress_bar=False,
-                          compress_checkpoints=compress, max_lag=max_lag)
+                          compress_checkpoints=compress, max_lag=max_lag, async_rollouts=async_rollouts)
     path = folder / f"chaos_{log_path.stem}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -188,7 +190,8 @@ def compare(a: dict, b: dict, where: str = "") -> list[str]:
 
 
 def run_chaos(out: Path, kills: int, max_steps: int, seed: int, step_timeout_s: float, compress: bool = True,
-              default: bool = False, checkpoint_every: int = 1, max_lag: int = 0) -> dict:
+              default: bool = False, checkpoint_every: int = 1, max_lag: int = 0,
+              async_rollouts: bool = False) -> dict:
     from mrl_lightning.run.checkpoint import load_checkpoint
     from mrl_lightning.exchange import read_log, record_key
 
@@ -197,8 +200,9 @@ def run_chaos(out: Path, kills: int, max_steps: int, seed: int, step_timeout_s: 
     straight_log, chaos_log = out / "straight.jsonl", out / "chaos.jsonl"
     chaos_root = out / "runs_chaos"
     straight_cfg = write_config(out, out / "runs", max_steps, straight_log, compress, default, checkpoint_every,
-                                max_lag)
-    chaos_cfg = write_config(out, chaos_root, max_steps, chaos_log, compress, default, checkpoint_every, max_lag)
+                                max_lag, async_rollouts)
+    chaos_cfg = write_config(out, chaos_root, max_steps, chaos_log, compress, default, checkpoint_every, max_lag,
+                             async_rollouts)
     console = out / "console.log"
 
     t0 = time.monotonic()
@@ -278,7 +282,7 @@ def run_chaos(out: Path, kills: int, max_steps: int, seed: int, step_timeout_s: 
         "compressed_checkpoints": compress,
         "command": f"python benchmarks/chaos.py {'--default ' if default else ''}--kills {kills} "
                    f"--max-steps {max_steps} --seed {seed} --checkpoint-every {checkpoint_every}"
-                   + (f" --max-lag {max_lag}" if max_lag else ""),
+                   + (f" --max-lag {max_lag}" if max_lag else "") + (" --async-rollouts" if async_rollouts else ""),
         "max_steps": max_steps, "kills": len(events), "resumes": resumes,
         "phases_hit": dict(Counter(e["phase_hit"] for e in events)),
         "targets": dict(Counter(e["target"] for e in events)),
@@ -310,13 +314,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="checkpoint period in steps (default: 1 for the tiny config, 2 with --default)")
     parser.add_argument("--max-lag", type=int, default=0,
                         help="trainer.max_lag: steps a policy may run ahead of its peers (docs/mwra.md, \"Pace\")")
+    parser.add_argument("--async-rollouts", action="store_true",
+                        help="trainer.async_rollouts: the next batch sampled beside each update (docs/mwra.md)")
     parser.add_argument("--no-compress", dest="compress", action="store_false",
                         help="plain checkpoints (default: gzip-compressed, as in the embedded default)")
     args = parser.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="mrl_chaos_"))
     every = args.checkpoint_every or (2 if args.default else 1)
     summary = run_chaos(out, args.kills, args.max_steps, args.seed, args.step_timeout_s, args.compress, args.default,
-                        every, args.max_lag)
+                        every, args.max_lag, args.async_rollouts)
     print(json.dumps({k: v for k, v in summary.items() if k != "events"}, indent=2))
     ok = summary["kills"] >= args.kills and summary["final_state_equal"] and summary["exchange_log_equal"]
     print(f"{'PASS' if ok else 'FAIL'}: {summary['kills']} kills, {summary['resumes']} resumes, final state "

@@ -21,6 +21,7 @@ import dataclasses
 import os
 import threading
 import time
+import types
 from typing import Any
 
 import torch
@@ -110,6 +111,8 @@ class Prefetch:
         self._stream = None
         self.batch: int | None = None  # the batch sampled ahead (1-based), while one is
         self.sampled_after = 0  # updates done when it was sampled
+        self._views: dict[str, Any] = {}  # the sampler views of the batch being sampled, and their policies
+        self._policies: dict[str, Any] = {}
 
     def views(self, policies: dict) -> dict:
         """Each policy's sampler view, its model copy refreshed with the policy's weights now."""
@@ -126,10 +129,12 @@ class Prefetch:
                 torch._foreach_copy_(list(model.parameters()), list(policy.model.parameters()))
                 for mine, theirs in zip(model.buffers(), policy.model.buffers()):
                     mine.copy_(theirs)
+            policy.sampling_beside_update = True  # the update picks no attention kernel (a process-wide choice)
             view = copy.copy(policy)  # the policy's settings now; its own module table, model and tokenizer
             view._modules = dict(policy._modules)
             view._modules["model"] = model
             view.tokenizer = tokenizer
+            view.prompts_truncated = 0  # counted here, added to the policy's when the batch is taken
             out[name] = view
         return out
 
@@ -137,7 +142,8 @@ class Prefetch:
         """Draw the next batch's prompts and start sampling it beside the update about to run."""
         w = trainer.workers
         items = datamodule.next_batch()
-        views = self.views({name: model.policies[name] for name in w.local_policies})
+        self._policies = {name: model.policies[name] for name in w.local_policies}
+        self._views = views = self.views(self._policies)
         self.batch, self.sampled_after = trainer.rollout_step + 1, trainer.global_step
         args = (trainer, model, datamodule, items, trainer.rollout_step, views)
         if self.inline:
@@ -165,8 +171,13 @@ class Prefetch:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-            if self._stream is not None:
-                torch.cuda.current_stream(self.device).wait_stream(self._stream)
+            if self._stream is not None:  # the loop's stream waits for the batch, and the allocator for the loop
+                main = torch.cuda.current_stream(self.device)
+                main.wait_stream(self._stream)
+                for one in (self._result[1] if self._result is not None else {}).values():
+                    for value in [*vars(one).values(), *vars(one.rollouts).values()]:
+                        if isinstance(value, torch.Tensor) and value.is_cuda:
+                            value.record_stream(main)
         if self._error is not None:
             error, self._error, self.batch, self._result = self._error, None, None, None
             raise error
@@ -178,6 +189,12 @@ class Prefetch:
             return None
         waited = self.join()
         result, self.batch, self._result = self._result, None, None
+        for name, view in self._views.items():  # what the view counted (checks.check_prompt_lengths), the policy's
+            policy = self._policies[name]
+            policy.prompts_truncated = getattr(policy, "prompts_truncated", 0) + view.prompts_truncated
+            policy._warned_prompt_truncation = getattr(view, "_warned_prompt_truncation", False) or getattr(
+                policy, "_warned_prompt_truncation", False)
+        self._views = {}
         result[3]["pace/sampler_wait_s"] = waited
         return result
 
@@ -193,6 +210,8 @@ class Prefetch:
         if self.batch is not None:
             items, scored, _, metrics, _ = self._result
             mine = {_shard_key(workers, name): scored_state(one) for name, one in scored.items()}
+            mine.update({f"{_shard_key(workers, name)}/prompts_truncated_share": float(
+                getattr(self._views.get(name), "last_prompts_truncated_share", 0.0)) for name in scored})
             mine["items"] = [dataclasses.asdict(item) for item in items] if workers.rank == 0 else None
         parts: dict[str, Any] = {}
         for part in workers.gather_to_zero(mine, "checkpoint") or []:
@@ -200,12 +219,20 @@ class Prefetch:
         return {"async_rollouts": True, "prefetched": {"batch": self.batch, "sampled_after": self.sampled_after,
                                                        "parts": parts} if self.batch is not None else {}}
 
-    def load(self, counters: dict[str, Any], workers, device=None) -> None:
-        """Take the batch sampled ahead from a checkpoint's counters.
+    def load(self, counters: dict[str, Any], workers, device=None, max_steps: int = 0, note=print) -> None:
+        """Take the batch sampled ahead from a checkpoint's counters (its ``rollout/*`` scalars computed again; its
+        timings are not kept). A checkpoint at the end of its run holds none: the run extended from it samples its
+        next batch from the weights after the last update, not before, so it differs from a run that was that
+        long from the start (``note`` says so).
 
         Raises:
             CheckpointError: it was sampled on another number of ranks for a policy of this rank.
         """
+        if self.enabled and not counters.get("prefetched") and int(counters.get("rollout_step", 0)) < max_steps:
+            note(f"note: this checkpoint ended its run (trainer.async_rollouts samples nothing ahead at the last "
+                 f"step): batch {int(counters.get('rollout_step', 0)) + 1} is sampled by the weights after update "
+                 f"{counters.get('global_step')}, so this run is not the run that was {max_steps} steps long from "
+                 "the start (docs/mwra.md, \"Rollouts during the update\").")
         from mrl_lightning.data.items import PromptItem
         from mrl_lightning.loop.pace import _shard_key, scored_from_state
 
@@ -221,7 +248,11 @@ class Prefetch:
             scored[name] = scored_from_state(ahead["parts"][key], device)
         items = [PromptItem(**item) for item in ahead["parts"]["items"]]
         self.batch, self.sampled_after = int(ahead["batch"]), int(ahead["sampled_after"])
-        self._result = (items, scored, {}, {}, {})
+        metrics = {}
+        for name, one in scored.items():
+            share = ahead["parts"].get(f"{_shard_key(workers, name)}/prompts_truncated_share", 0.0)
+            metrics.update(rollout_metrics(one, types.SimpleNamespace(last_prompts_truncated_share=share)))
+        self._result = (items, scored, {}, metrics, {})
 
 
 def check_resume_async(counters: dict[str, Any], async_rollouts: bool, path: str | None) -> None:

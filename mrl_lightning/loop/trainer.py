@@ -438,4 +438,4 @@ class MRLTrainer(Replay):
         self.global_step, self.rollout_step, self.samples_seen = c["global_step"], c["rollout_step"], c["samples_seen"]
         self.optimizer_steps = dict(c["optimizer_steps"])
         self.pace.load(c)
-        self.prefetch.load(c, self.workers, self.fabric.device)
+        self.prefetch.load(c, self.workers, self.fabric.device, self.max_steps, self.print)

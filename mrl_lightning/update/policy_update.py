@@ -158,7 +158,7 @@ math kernel keeps each layer's attention scores for the backward (rows x heads x
 each: 10 MiB a layer there with 9 heads), where the flash kernel keeps none."""
 
 
-def term_attention(fabric, terms: list):
+def term_attention(fabric, terms: list, policy=None):
     """The attention kernel of the auxiliary terms' own passes: torch's math kernel for short passes on a CPU
     under mixed precision.
 
@@ -168,14 +168,17 @@ def term_attention(fabric, terms: list):
     term declares a pass of at most :data:`MATH_ATTENTION_ROWS` rows of :data:`MATH_ATTENTION_TOKENS`
     tokens (``AuxiliaryLoss.pass_shape``): the math kernel keeps the scores the flash kernel does not,
     and on long rows it is slower. Elsewhere (float32, a GPU, PRP's peer rows, the GRPO batch) no
-    kernel is chosen here.
+    kernel is chosen here, nor while a sampler thread runs beside the update (``policy.sampling_beside_update``,
+    ``trainer.async_rollouts``): the choice is process-wide, so that thread's ``generate`` would round as the
+    math kernel does at moments that depend on timing.
     """
     from lightning.fabric.plugins.precision.amp import MixedPrecision
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     device = getattr(getattr(fabric, "device", None), "type", None)
     precision = getattr(getattr(fabric, "strategy", None), "precision", None)
-    if device != "cpu" or not isinstance(precision, MixedPrecision) or not terms:
+    if device != "cpu" or not isinstance(precision, MixedPrecision) or not terms \
+            or getattr(policy, "sampling_beside_update", False):
         return contextlib.nullcontext()
     shapes = [getattr(term, "pass_shape", lambda: None)() for term in terms]  # a term of another kind: unknown
     if all(shape is not None and shape[0] <= MATH_ATTENTION_ROWS and shape[1] <= MATH_ATTENTION_TOKENS
@@ -278,7 +281,7 @@ def policy_update(policy: PolicyModule, batch: TrainBatch, model, fabric, optimi
             if batch.aux_losses or batch.group_terms:  # a rank without a term still reduces the group's terms
                 t0 = time.perf_counter()
                 terms = _with_empty_shares(policy, batch, batch.aux_losses)
-                with term_attention(fabric, terms):
+                with term_attention(fabric, terms, policy):
                     term_metrics = backward_aux_losses(
                         terms, policy, model, fabric.backward, params, tag=lambda term: f"probe/{term}/{p}",
                         totals=totals, reduce=reduce, terms=batch.group_terms,

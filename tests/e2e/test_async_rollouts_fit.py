@@ -53,6 +53,20 @@ def test_two_workers_and_a_resume_with_a_batch_sampled_ahead_end_equal(runs):
     mid = runs.parent / "runs" / "thread" / "checkpoints" / "step=2.ckpt"
     _ok(_mrl(runs, "--trainer.version", "resumed", *ASYNC, "--ckpt_path", str(mid)))
     _assert_same(_ckpt(runs, "thread"), _ckpt(runs, "resumed"), "resumed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def reward_means(version: str) -> dict[int, float]:
+        events = EventAccumulator(str(runs.parent / "runs" / version))
+        events.Reload()
+        return {e.step: e.value for e in events.Scalars("rollout/gpt2/reward_mean")}
+
+    # the batch sampled ahead logs its rollout scalars after the resume as in the run that never stopped
+    assert reward_means("resumed")[3] == reward_means("thread")[3]
+    last = runs.parent / "runs" / "thread" / "checkpoints" / "last.ckpt"
+    proc = _mrl(runs, "--trainer.version", "longer", *ASYNC, "--ckpt_path", str(last), "--trainer.max_steps", "5")
+    _ok(proc)
+    assert "note: this checkpoint ended its run" in proc.stdout and "batch 5 is sampled by the weights after update 4" \
+        in proc.stdout
     proc = _mrl(runs, "--trainer.version", "sync", "--ckpt_path", str(mid))
     assert proc.returncode == 2 and "--trainer.async_rollouts true" in proc.stderr
     _ok(_mrl(runs, "--trainer.version", "lag", *ASYNC, "--trainer.max_lag", "1"))

@@ -79,3 +79,37 @@ def test_an_error_in_the_sampler_thread_is_raised_on_the_loop_s_thread(monkeypat
     with pytest.raises(RuntimeError, match="sampling failed"):
         prefetch.take(2)
     assert prefetch.batch is None and prefetch.take(2) is None
+
+
+def test_the_update_picks_no_attention_kernel_while_a_sampler_thread_runs():
+    """The math-kernel choice of the auxiliary passes (``sdpa_kernel``) is process-wide: beside a sampler thread it
+    would change what that thread's ``generate`` computes, at moments that depend on timing."""
+    import contextlib
+
+    from lightning.fabric.plugins.precision.amp import MixedPrecision
+
+    from mrl_lightning.update.policy_update import term_attention
+
+    fabric = types.SimpleNamespace(device=torch.device("cpu"), strategy=types.SimpleNamespace(
+        precision=MixedPrecision("bf16-mixed", "cpu")))
+    terms = [types.SimpleNamespace(pass_shape=lambda: (2, 40))]
+    policy = _Policy()
+    assert not isinstance(term_attention(fabric, terms, policy), contextlib.nullcontext)  # the math kernel
+    Prefetch(enabled=True).views({"p": policy})
+    assert policy.sampling_beside_update is True
+    assert isinstance(term_attention(fabric, terms, policy), contextlib.nullcontext)
+
+
+def test_prompts_the_sampler_view_cut_are_counted_on_the_policy():
+    from mrl_lightning.policy.checks import note_prompt_lengths
+
+    policy = _Policy()
+    policy.max_prompt_length, policy.policy_name, policy.prompts_truncated = 4, "p", 1
+    prefetch = Prefetch(enabled=True)
+    prefetch._policies = {"p": policy}
+    prefetch._views = views = prefetch.views({"p": policy})
+    with pytest.warns(UserWarning, match="longer than max_prompt_length=4"):
+        note_prompt_lengths(views["p"], [3, 9, 7])  # what prompt_ids does on the sampler's thread
+    prefetch.batch, prefetch._result = 2, ([], {}, {}, {}, {})
+    prefetch.take(2)
+    assert policy.prompts_truncated == 3 and policy._warned_prompt_truncation is True
