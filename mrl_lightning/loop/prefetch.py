@@ -28,6 +28,7 @@ import torch
 
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.loop.dynamic_sampling import sample_until_full
+from mrl_lightning.loop.pace import _shard_key, scored_from_state, scored_state
 from mrl_lightning.loop.reporting import rollout_metrics
 from mrl_lightning.mwra import stream_seed
 from mrl_lightning.run.checkpoint import CheckpointError
@@ -201,14 +202,12 @@ class Prefetch:
     # ------------------------------------------------------------- checkpoints
     def counters(self, workers) -> dict[str, Any]:
         """What a checkpoint adds: the setting and the batch sampled ahead, every rank's share (a collective)."""
-        from mrl_lightning.loop.pace import _shard_key, scored_state
-
         if not self.enabled:
             return {}
         self.join()
         mine = {}
         if self.batch is not None:
-            items, scored, _, metrics, _ = self._result
+            items, scored = self._result[:2]
             mine = {_shard_key(workers, name): scored_state(one) for name, one in scored.items()}
             mine.update({f"{_shard_key(workers, name)}/prompts_truncated_share": float(
                 getattr(self._views.get(name), "last_prompts_truncated_share", 0.0)) for name in scored})
