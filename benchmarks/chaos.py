@@ -106,7 +106,7 @@ def child(marker: str, argv: list[str]) -> int:
 # --------------------------------------------------------------------------- the parent
 def write_config(folder: Path, root: Path, max_steps: int, log_path: Path, compress: bool = True,
                  default: bool = False, checkpoint_every: int = 1, max_lag: int = 0,
-                 async_rollouts: bool = False) -> Path:
+                 async_rollouts: bool = False, steps_per_round: dict | None = None) -> Path:
     import yaml
 
     if default:  # the embedded default, its paths made absolute (the child runs from anywhere)
@@ -124,7 +124,8 @@ def write_config(folder: Path, root: Path, max_steps: int, log_path: Path, compr
         cfg["trainer"]["callbacks"][0]["init_args"] = {"log_path": str(log_path)}
     cfg["trainer"].update(max_steps=max_steps, checkpoint_every_n_steps=checkpoint_every, keep_checkpoints=3,
                           eval_every_n_steps=10_000, log_every_n_steps=5, enable_progress_bar=False,
-                          compress_checkpoints=compress, max_lag=max_lag, async_rollouts=async_rollouts)
+                          compress_checkpoints=compress, max_lag=max_lag, async_rollouts=async_rollouts,
+                          steps_per_round=steps_per_round)
     path = folder / f"chaos_{log_path.stem}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -191,7 +192,7 @@ def compare(a: dict, b: dict, where: str = "") -> list[str]:
 
 def run_chaos(out: Path, kills: int, max_steps: int, seed: int, step_timeout_s: float, compress: bool = True,
               default: bool = False, checkpoint_every: int = 1, max_lag: int = 0,
-              async_rollouts: bool = False) -> dict:
+              async_rollouts: bool = False, steps_per_round: dict | None = None) -> dict:
     from mrl_lightning.run.checkpoint import load_checkpoint
     from mrl_lightning.exchange import read_log, record_key
 
@@ -200,9 +201,9 @@ def run_chaos(out: Path, kills: int, max_steps: int, seed: int, step_timeout_s: 
     straight_log, chaos_log = out / "straight.jsonl", out / "chaos.jsonl"
     chaos_root = out / "runs_chaos"
     straight_cfg = write_config(out, out / "runs", max_steps, straight_log, compress, default, checkpoint_every,
-                                max_lag, async_rollouts)
+                                max_lag, async_rollouts, steps_per_round)
     chaos_cfg = write_config(out, chaos_root, max_steps, chaos_log, compress, default, checkpoint_every, max_lag,
-                             async_rollouts)
+                             async_rollouts, steps_per_round)
     console = out / "console.log"
 
     t0 = time.monotonic()
@@ -282,7 +283,8 @@ def run_chaos(out: Path, kills: int, max_steps: int, seed: int, step_timeout_s: 
         "compressed_checkpoints": compress,
         "command": f"python benchmarks/chaos.py {'--default ' if default else ''}--kills {kills} "
                    f"--max-steps {max_steps} --seed {seed} --checkpoint-every {checkpoint_every}"
-                   + (f" --max-lag {max_lag}" if max_lag else "") + (" --async-rollouts" if async_rollouts else ""),
+                   + (f" --max-lag {max_lag}" if max_lag else "") + (" --async-rollouts" if async_rollouts else "")
+                   + (f" --steps-per-round '{json.dumps(steps_per_round)}'" if steps_per_round else ""),
         "max_steps": max_steps, "kills": len(events), "resumes": resumes,
         "phases_hit": dict(Counter(e["phase_hit"] for e in events)),
         "targets": dict(Counter(e["target"] for e in events)),
@@ -316,13 +318,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="trainer.max_lag: steps a policy may run ahead of its peers (docs/mwra.md, \"Pace\")")
     parser.add_argument("--async-rollouts", action="store_true",
                         help="trainer.async_rollouts: the next batch sampled beside each update (docs/mwra.md)")
+    parser.add_argument("--steps-per-round", type=json.loads, default=None, metavar="JSON",
+                        help="trainer.steps_per_round, e.g. '{\"gpt2\": 1.5}' (docs/mwra.md, \"Steps per round\")")
     parser.add_argument("--no-compress", dest="compress", action="store_false",
                         help="plain checkpoints (default: gzip-compressed, as in the embedded default)")
     args = parser.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="mrl_chaos_"))
     every = args.checkpoint_every or (2 if args.default else 1)
     summary = run_chaos(out, args.kills, args.max_steps, args.seed, args.step_timeout_s, args.compress, args.default,
-                        every, args.max_lag, args.async_rollouts)
+                        every, args.max_lag, args.async_rollouts, args.steps_per_round)
     print(json.dumps({k: v for k, v in summary.items() if k != "events"}, indent=2))
     ok = summary["kills"] >= args.kills and summary["final_state_equal"] and summary["exchange_log_equal"]
     print(f"{'PASS' if ok else 'FAIL'}: {summary['kills']} kills, {summary['resumes']} resumes, final state "

@@ -79,6 +79,10 @@ def report(out: Path) -> str:
     return text
 
 
+# what the calibration predicts: one step of every policy a round, in lockstep (whatever the config's pace)
+LOCKSTEP = ["--trainer.max_lag", "0", "--trainer.steps_per_round", "null"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="configs/real_small.yaml", help="the config (default: %(default)s)")
@@ -95,13 +99,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     pace.run_arm("cost", args.config, args.steps, args.out, ["--trainer.placement", "cost",
-                                                             "--trainer.log_every_n_steps", "1"])
+                                                             "--trainer.log_every_n_steps", "1", *LOCKSTEP])
     chosen = next(mode for mode, p in predictions((args.out / "cost.log").read_text()).items() if p["chosen"])
     other = "disjoint" if chosen == "colocated" else "colocated"
     pace.run_arm(other, args.config, args.steps, args.out, ["--trainer.placement", other,
-                                                           "--trainer.log_every_n_steps", "1"])
+                                                           "--trainer.log_every_n_steps", "1", *LOCKSTEP])
     pace.run_arm("one_process", args.config, args.steps, args.out, ["--trainer.devices", "1",
-                                                                   "--trainer.log_every_n_steps", "1"])
+                                                                   "--trainer.log_every_n_steps", "1", *LOCKSTEP])
     print(report(args.out))
     return 0
 

@@ -1,10 +1,9 @@
 """Pace benchmark: lockstep against a lag, and one process against one worker per policy, on one config.
 
-    python benchmarks/pace.py --config configs/real_small.yaml --steps 20 --out benchmarks/results/pace \
-        --arm lockstep="--trainer.max_lag 0 --trainer.placement disjoint" \
-        --arm lockstep_log10="--trainer.max_lag 0 --trainer.placement disjoint --trainer.log_every_n_steps 10" \
-        --arm one_process="--trainer.max_lag 0 --trainer.devices 1" \
-        --arm lag2="--trainer.max_lag 2 --trainer.placement disjoint"
+    python benchmarks/pace.py --config configs/real_small.yaml --steps 20 --out benchmarks/results/concurrent \
+        --arm lockstep="--trainer.max_lag 0 --trainer.steps_per_round null --trainer.placement disjoint" \
+        --arm one_process="--trainer.max_lag 0 --trainer.steps_per_round null --trainer.devices 1" \
+        --arm shipped=""
     python benchmarks/pace.py --out benchmarks/results/pace --read-only     # the tables and figure again
 
 Runs ``mrl fit`` once per arm, one after the other, with the same seed, step budget and
@@ -18,7 +17,8 @@ TensorBoard scalars:
   issue's measure, which for a lag of L leaves L samplings out of the window (the fill before
   update 1), so it flatters a lag by about L rollouts over N - 1 steps;
 - each worker's idle share over the same steps: its ``mwra/<p>/wait_s`` over
-  ``rollout_s + update_s + wait_s`` (``update_s`` less the group waits it holds) (docs/mwra.md, "Logged per worker"), and where it waited;
+  ``rollout_s + update_s + solo_s + wait_s`` (``update_s`` less the group waits it holds; ``solo_s``: the solo
+  steps of ``trainer.steps_per_round``), and each policy's training steps per 100 s (rounds plus ``solo/<p>/steps``) (docs/mwra.md, "Logged per worker"), and where it waited;
 - the balanced bound of the baseline arm: its one-thread phase times (rollout + update, every
   policy) summed and divided over the workers, plus its exchange's own time (less its wait);
 - each arm's final evaluation, side by side.
@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PHASES = ("rollout_s", "update_s", "wait_s", "wait_exchange_s", "wait_update_s", "wait_log_s")
+PHASES = ("rollout_s", "update_s", "solo_s", "wait_s", "wait_exchange_s", "wait_update_s", "wait_log_s")
 
 
 def run_arm(name: str, config: str, steps: int, out: Path, extra: list[str]) -> float:
@@ -86,9 +86,16 @@ def summarize(scalars: dict, where: str = "") -> dict:
            "s_per_step_whole": elapsed[steps[-1]] / steps[-1], "policies": {}}
     for p in policies_of(scalars):
         sums = {phase: sum(scalars.get(f"mwra/{p}/{phase}", {}).get(s, 0.0) for s in window) for phase in PHASES}
-        busy = sums["rollout_s"] + sums["update_s"] - sums["wait_update_s"]  # update_s holds the group's waits
+        # update_s holds the group's waits; solo_s is trainer.steps_per_round's solo steps (sampling and update)
+        busy = sums["rollout_s"] + sums["update_s"] + sums["solo_s"] - sums["wait_update_s"]
+        # training steps the policy took between the first logged step and the last: one a round, plus its solo
+        # steps (a logged value is its window's mean: times the steps it stands for)
+        solo = scalars.get(f"solo/{p}/steps", {})
+        taken = (steps[-1] - steps[0]) + sum(solo.get(s, 0.0) * (s - prev) for prev, s in zip(steps, window))
+        seconds = elapsed[steps[-1]] - elapsed[steps[0]]
         out["policies"][p] = {**{k: v / len(window) for k, v in sums.items()},
-                              "idle_share": sums["wait_s"] / max(busy + sums["wait_s"], 1e-9)}
+                              "idle_share": sums["wait_s"] / max(busy + sums["wait_s"], 1e-9),
+                              "steps_per_100_s": 100.0 * taken / max(seconds, 1e-9)}
     exchange = scalars.get("train/exchange_time_s", {})
     waited = max((out["policies"][p]["wait_exchange_s"] for p in out["policies"]), default=0.0)
     # the exchange's own work: its time less the wait for the slowest rank in it (on the rank that waited most)
@@ -100,7 +107,7 @@ def summarize(scalars: dict, where: str = "") -> dict:
 
 def balanced_bound(summary: dict, workers: int) -> float:
     """The policies' one-thread work (rollout + update) summed and spread over ``workers``, plus the exchange."""
-    work = sum(p["rollout_s"] + p["update_s"] - p["wait_update_s"] for p in summary["policies"].values())
+    work = sum(p["rollout_s"] + p["update_s"] + p["solo_s"] - p["wait_update_s"] for p in summary["policies"].values())
     return work / workers + summary["exchange_s"]
 
 
@@ -212,7 +219,8 @@ def lanes(scalars: dict, serial: bool, beside: bool) -> tuple[list[str], list[tu
             continue
         for p in names:
             row = rows[0] if serial else p
-            widths = {"rollout_s": get(p, "rollout_s"), "wait_exchange_s": get(p, "wait_exchange_s"),
+            widths = {"solo_s": get(p, "solo_s"), "rollout_s": get(p, "rollout_s"),
+                      "wait_exchange_s": get(p, "wait_exchange_s"),
                       "update_s": get(p, "update_s"), "other_wait": get(p, "wait_s") - get(p, "wait_exchange_s")}
             for phase, width in widths.items():
                 bar(row, phase, width)
@@ -230,7 +238,8 @@ def timeline(runs: dict[str, dict], path: Path, folders: dict[str, Path] | None 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"rollout_s": "#4c72b0", "wait_exchange_s": "#bbbbbb", "update_s": "#dd8452", "other_wait": "#dddddd"}
+    colors = {"rollout_s": "#4c72b0", "wait_exchange_s": "#bbbbbb", "update_s": "#dd8452", "other_wait": "#dddddd",
+              "solo_s": "#55a868"}
     fig, axes = plt.subplots(len(runs), 1, figsize=(11, 1.3 + 1.6 * len(runs)), squeeze=False, sharex=True)
     for ax, (arm, scalars) in zip(axes[:, 0], runs.items()):
         serial = folders is not None and _one_process(folders[arm])
@@ -249,8 +258,9 @@ def timeline(runs: dict[str, dict], path: Path, folders: dict[str, Path] | None 
     axes[-1, 0].set_xlabel("seconds from the first step (each worker's phases, step after step)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
     fig.legend(handles, ["rollout", "waiting at the exchange", "update (compose included)",
-                         "other waits (log gather; the sampler thread's batch)"],
-               loc="upper right", ncol=4, fontsize=8)
+                         "other waits (log gather; the sampler thread's batch)",
+                         "solo steps (trainer.steps_per_round)"],
+               loc="upper right", ncol=5, fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -261,19 +271,22 @@ def report(out: Path, arms: list[str], walls: dict[str, float]) -> str:
     summaries = {arm: summarize(s, str(out / arm)) for arm, s in runs.items()}
     base = arms[0]
     lines = ["| arm | s / step, whole run | vs " + base + " | s / step, steps 2-N | vs " + base + " | idle share per "
-             "worker (wait over rollout + update + wait) | waits a step: exchange / update / log (s) | wall incl. "
-             "start-up |", "|---|---|---|---|---|---|---|---|"]
+             "worker (wait over rollout + update + solo + wait) | training steps per 100 s per policy (vs " + base
+             + ") | waits a step: exchange / update / log (s) | wall incl. start-up |", "|---|---|---|---|---|---|---|---|---|"]
     for arm, s in summaries.items():
         idle = ", ".join(f"{p} {v['idle_share']:.0%}" for p, v in s["policies"].items())
         waits = ", ".join(f"{p} {v['wait_exchange_s']:.2f} / {v['wait_update_s']:.2f} / {v['wait_log_s']:.2f}"
                           for p, v in s["policies"].items())
         ratio = s["s_per_step"] / summaries[base]["s_per_step"]
+        base_rates = {p: v["steps_per_100_s"] for p, v in summaries[base]["policies"].items()}
+        rates = ", ".join(f"{p} {v['steps_per_100_s']:.1f} ({v['steps_per_100_s'] / base_rates[p]:.2f}x)"
+                          for p, v in s["policies"].items() if p in base_rates)
         whole = s["s_per_step_whole"] / summaries[base]["s_per_step_whole"]
         lines.append(f"| {arm} | {s['s_per_step_whole']:.2f} | {whole:.2f}x | {s['s_per_step']:.2f} | {ratio:.2f}x | "
-                     f"{idle} | {waits} | {walls.get(arm, float('nan')):.0f} s |")
-    phases = ["", "| arm | worker | rollout s | update s | wait s |", "|---|---|---|---|---|"]
+                     f"{idle} | {rates} | {waits} | {walls.get(arm, float('nan')):.0f} s |")
+    phases = ["", "| arm | worker | rollout s | update s | solo steps s | wait s |", "|---|---|---|---|---|---|"]
     for arm, s in summaries.items():
-        phases += [f"| {arm} | {p} | {v['rollout_s']:.2f} | {v['update_s']:.2f} | {v['wait_s']:.2f} |"
+        phases += [f"| {arm} | {p} | {v['rollout_s']:.2f} | {v['update_s']:.2f} | {v['solo_s']:.2f} | {v['wait_s']:.2f} |"
                    for p, v in s["policies"].items()]
     tags = sorted({t for s in summaries.values() for t in s["eval"]})
     evals = ["", "| evaluation at the end | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
@@ -282,7 +295,9 @@ def report(out: Path, arms: list[str], walls: dict[str, float]) -> str:
     ref = runs[base]
     names = policies_of(ref)
     steps = sorted(ref[f"mwra/{names[0]}/rollout_s"])
-    rollout = {p: [ref[f"mwra/{p}/rollout_s"][s] for s in steps] for p in names}
+    # a round's solo steps (trainer.steps_per_round) come before its sampling: counted with it
+    rollout = {p: [ref[f"mwra/{p}/rollout_s"][s] + ref.get(f"mwra/{p}/solo_s", {}).get(s, 0.0) for s in steps]
+               for p in names}
     update = {p: [ref[f"mwra/{p}/update_s"][s] - ref.get(f"mwra/{p}/wait_update_s", {}).get(s, 0.0) for s in steps]
               for p in names}
     sim = {lag: simulate(rollout, update, lag) for lag in (0, 1, 2, 4)}

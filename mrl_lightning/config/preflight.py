@@ -419,7 +419,7 @@ def check_before_build(trainer, model, datamodule, ckpt_path: str | None) -> Che
                                         type(fabric.strategy).__name__, trainer.precision, trainer.devices_per_node,
                                         trainer.num_threads, eval_prompts=eval_prompts(datamodule),
                                         eval_generations=trainer.eval_num_generations,
-                                        compress=trainer.compress_checkpoints)
+                                        compress=trainer.compress_checkpoints, sampler_copy=trainer.async_rollouts)
     plan_text += cost_text + source_lines(policies, datamodule)
     if fabric.global_rank == 0:
         check_run_folder(trainer.log_dir, trainer.default_root_dir)

@@ -56,7 +56,7 @@ def async_errors(async_rollouts: bool, policies: dict) -> list[str]:
         for name, p in policies.items() if not getattr(p, "vllm_importance_sampling_correction", True)]
 
 
-def sample_batch(trainer, model, datamodule, items: list, rollout_step: int, policies: dict) -> tuple:
+def sample_batch(trainer, model, datamodule, items: list, rollout_step: int | str, policies: dict) -> tuple:
     """Sample and score this rank's share of batch ``rollout_step + 1`` for each of ``policies``.
 
     Args:
@@ -64,7 +64,8 @@ def sample_batch(trainer, model, datamodule, items: list, rollout_step: int, pol
         model: The :class:`~mrl_lightning.loop.system.MutualRL` system (rollouts, verifiers).
         datamodule: The prompt data module (extra prompts of dynamic sampling).
         items: The batch's prompts.
-        rollout_step: Rollout phases done before this batch (its seeds' step).
+        rollout_step: Rollout phases done before this batch (its seeds' step), or a solo step's key
+            ``"solo/<round>/<index>"`` (:func:`mrl_lightning.loop.policy_step.solo_steps`).
         policies: Name -> the policy, or its sampler view (:class:`Prefetch`), for this rank's policies.
 
     Returns:

@@ -24,7 +24,6 @@ import contextlib
 import os
 import time
 import warnings
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +36,12 @@ from mrl_lightning.loop.dynamic_sampling import extra_samples
 from mrl_lightning.errors import ConfigError
 from mrl_lightning.lifeline import is_launched_worker
 from mrl_lightning.metrics import Global
-from mrl_lightning.mwra import Workers, devices_present, resolve_devices, sampling_rng, stream_seed
+from mrl_lightning.mwra import Workers, devices_present, resolve_devices
 from mrl_lightning.mwra.plan import slow_cpu_bf16_line
 from mrl_lightning.mwra.process import peak_memory_gib, release_free_memory
-from mrl_lightning.objectives.aux_share import term_names
 from mrl_lightning.config.preflight import check_before_build, make_fabric, trainer_errors
+from mrl_lightning.loop.policy_step import (check_resume_steps_per_round, compose_and_update, round_counters,
+                                            solo_steps, steps_per_round_errors)
 from mrl_lightning.loop.pace import Pace, check_resume_lag, lag_errors, step_wait_metrics
 from mrl_lightning.loop.prefetch import Prefetch, async_errors, check_resume_async, sample_batch
 from mrl_lightning.loop.progress import RunProgress, done_line, stop_context
@@ -49,7 +49,6 @@ from mrl_lightning.loop.replay import Replay, ReplayLog
 from mrl_lightning.loop.reporting import evaluate_step
 from mrl_lightning.run.state import (complete_run_line, restore_run_checkpoint, save_run_checkpoint,
                                           write_run_files)
-from mrl_lightning.update.policy_update import new_train_batch, policy_update
 
 
 
@@ -99,6 +98,8 @@ class MRLTrainer(Replay):
         async_rollouts: Sample the next batch on a thread beside each update, from the weights before it
             (docs/mwra.md, "Rollouts during the update"): every batch one update older (``max_lag + 1``), the
             same results however the two overlap; :mod:`mrl_lightning.loop.prefetch`.
+        steps_per_round: Policy -> its training steps per exchange round, on average (>= 1; e.g. ``{smollm2: 1.5}``):
+            the extra ones are solo steps on its own prompts (:mod:`mrl_lightning.loop.policy_step`); None = 1 each.
 
     Raises:
         ConfigError: invalid values (all at once), an accelerator this machine does not have, or a
@@ -131,6 +132,7 @@ class MRLTrainer(Replay):
         seed: int | None = None,
         max_lag: int = 0,
         async_rollouts: bool = False,
+        steps_per_round: dict[str, float] | None = None,
     ) -> None:
         errors = trainer_errors(max_steps=max_steps, log_every_n_steps=log_every_n_steps,
                                 eval_every_n_steps=eval_every_n_steps, keep_checkpoints=keep_checkpoints,
@@ -146,6 +148,7 @@ class MRLTrainer(Replay):
             raise ConfigError(fit)
         devices, placement, self.devices_note = fit.devices, fit.placement, fit.note  # docs/mwra.md, "One GPU"
         self.max_steps, self.max_lag, self.async_rollouts = max_steps, max_lag, async_rollouts
+        self.steps_per_round = steps_per_round
         self.callbacks: list[MRLCallback] = list(callbacks or [])
         self.log_every_n_steps, self.eval_every_n_steps = log_every_n_steps, eval_every_n_steps
         self.checkpoint_every_n_steps, self.keep_checkpoints = checkpoint_every_n_steps, keep_checkpoints
@@ -237,7 +240,8 @@ class MRLTrainer(Replay):
         if complete is not None:  # a requeued job of a finished run: nothing built, no run folder made
             self.print(complete)
             return
-        errors = lag_errors(self.max_lag, model.policies) + async_errors(self.async_rollouts, model.policies)
+        errors = (lag_errors(self.max_lag, model.policies) + async_errors(self.async_rollouts, model.policies)
+                  + steps_per_round_errors(self.steps_per_round, model.policies, self.async_rollouts))
         if errors:
             raise ConfigError("Invalid trainer config:\n  - " + "\n  - ".join(errors))
         try:
@@ -248,6 +252,7 @@ class MRLTrainer(Replay):
         if checkpoint is not None:  # what each step reads depends on max_lag: refused before any model is built
             check_resume_lag(checkpoint.get("counters", {}), self.max_lag, ckpt_path, checked.placement)
             check_resume_async(checkpoint.get("counters", {}), self.async_rollouts, ckpt_path)
+            check_resume_steps_per_round(checkpoint.get("counters", {}), self.steps_per_round, ckpt_path)
         self.fabric.launch()
         torch.set_num_threads(checked.threads)  # after: Lightning's launcher sets cores // processes without OMP_NUM_THREADS
         watch = self._watch()
@@ -335,6 +340,8 @@ class MRLTrainer(Replay):
         w = self.workers
         start, before = self.pace.begin(), w.take_waits()  # before: the last log step's metric gather, ...
         metrics: dict[str, float] = {}
+        if self.steps_per_round and self.rollout_step < self.max_steps:  # a faster policy's own steps, first
+            solo_steps(self, model, datamodule, metrics)
         sampled = self._sample(model, datamodule, metrics) if self.rollout_step < self.max_steps else None
         train = self.pace.queue(self.rollout_step, self.max_steps, sampled, self._sampled_after)
         if self.max_lag:  # the exchange's clock: the batch trained (lockstep: the batch sampled)
@@ -378,35 +385,8 @@ class MRLTrainer(Replay):
 
     def _train(self, model, scored: dict, keep: dict, metrics: dict[str, float]) -> None:
         """Compose and update every policy this rank runs on ``scored``; count the step."""
-        w = self.workers
-        for name in w.local_policies:
-            # its own stream (run seed, policy, "update", step), as sampling: dropout draws do not depend on
-            # which other policies this process updates (docs/mwra.md, "Reproducibility across placements")
-            with sampling_rng(stream_seed(self._run_seed(), name, "update", self.global_step)):
-                t0 = time.perf_counter()
-                policy = model.policies[name]
-                with w.phase("compose"):
-                    batch = new_train_batch(policy, scored[name], partial(w.group_sum, name), w.group_size(name),
-                                            keep=keep.get(name))
-                    t1 = time.perf_counter()
-                    self.fabric.call("on_compose_batch", self.ctx, model, policy, batch)
-                    metrics[f"train/{name}/compose_time_s"] = time.perf_counter() - t1
-                    batch = batch.for_update()  # the probes saw every group; the GRPO term trains on the kept ones
-                    batch.group_counts = w.group_sum(name, batch.counts)
-                    if w.group_size(name) > 1:
-                        batch.group_terms = w.group_terms(name, term_names(batch.aux_losses))
-                with w.phase("update"):
-                    wrapped, opt = self._modules[name]
-                    reduce = None if policy.fsdp else partial(w.reduce_gradients, name)  # FSDP reduces in backward
-                    # the last step's gradients go before the forward, and the heap they leave with them
-                    # (policy_update zeroes them again: a no-op on the first iteration)
-                    opt.zero_grad(set_to_none=True)
-                    release_free_memory()
-                    metrics.update(policy_update(policy, batch, wrapped, self.fabric, opt, reduce_gradients=reduce,
-                                                 gather=partial(w.group_gather, name)))
-                    release_free_memory()
-                metrics.update(batch.metrics)
-                metrics[f"train/{name}/update_time_s"] = metrics[f"mwra/{name}/update_s"] = time.perf_counter() - t0
+        for name in self.workers.local_policies:
+            compose_and_update(self, model, name, scored[name], keep.get(name), metrics, ("update", self.global_step))
         self.global_step += 1
         for name, policy in model.policies.items():  # every policy attempts its steps, on whichever ranks run it
             self.optimizer_steps[name] += policy.num_iterations
@@ -419,7 +399,8 @@ class MRLTrainer(Replay):
         """Every policy's state from its owner; rank 0 writes ``step=<k>.ckpt`` and ``last.ckpt`` atomically
         (:func:`mrl_lightning.run.state.save_run_checkpoint`)."""
         counters = {"global_step": self.global_step, "rollout_step": self.rollout_step,
-                    "samples_seen": self.samples_seen, "optimizer_steps": dict(self.optimizer_steps)}
+                    "samples_seen": self.samples_seen, "optimizer_steps": dict(self.optimizer_steps),
+                    **round_counters(self.steps_per_round)}
         with self.workers.phase("checkpoint"):
             counters.update(self.pace.counters())  # a lag's records still to be read
             counters.update(self.prefetch.counters(self.workers))  # the batch sampled ahead

@@ -210,7 +210,7 @@ def _layer_bytes(shape: ModelShape, policy, micro: int) -> float:
 
 def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int, shards: int = 1, *,
                         eval_prompts_per_rank: int = 0, eval_generations: int = 0,
-                        compress: bool = False) -> dict[str, float]:
+                        compress: bool = False, sampler_copy: bool = False) -> dict[str, float]:
     """One policy's memory terms on one of its workers, bytes (module docstring; docs/mwra.md, "The memory model").
 
     Args:
@@ -222,11 +222,15 @@ def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int, shards
             not counted).
         eval_generations: ``trainer.eval_num_generations`` (0 = greedy only: one completion each).
         compress: ``trainer.compress_checkpoints``.
+        sampler_copy: ``trainer.async_rollouts``: a second copy of the weights samples the next batch during the
+            update (docs/mwra.md, "Rollouts during the update"), so it is resident, and sampling's transient
+            coexists with the update's.
 
     Returns:
-        ``weights``, ``gradients``, ``moments``, ``reference``, ``states`` (their sum, per
-        shard), ``activations``, ``aux_backward``, ``optimizer_step``, ``kv_cache``, ``eval_sampling``,
-        ``checkpoint_write``, ``tokenizer`` and ``checkpoint``, in bytes.
+        ``weights``, ``gradients``, ``moments``, ``reference``, ``sampler_copy`` (with ``sampler_copy``),
+        ``states`` (their sum, per shard), ``activations``, ``aux_backward``, ``optimizer_step``, ``kv_cache``,
+        ``eval_sampling``, ``checkpoint_write``, ``tokenizer`` and ``checkpoint``, in bytes; with ``sampler_copy`` also
+        ``update_beside_sampling`` (sampling's transient plus the update's largest).
     """
     n = policy.num_generations * prompts_per_rank
     micro = min(policy.micro_batch_size or n, n)
@@ -261,11 +265,17 @@ def policy_memory_terms(shape: ModelShape, policy, prompts_per_rank: int, shards
     terms["checkpoint"] = float(4 * (trainable if adapter else shape.params) + 8 * trainable)
     largest = max((math.prod(v) for v in (shape.state_shapes or {}).values()), default=0)
     terms["checkpoint_write"] = terms["checkpoint"] if sharded else (2.0 * 4 * largest if compress else 0.0)
+    if sampler_copy:  # the sampler view's model: a whole float32 copy (a LoRA policy's base included)
+        terms["sampler_copy"] = 4.0 * shape.params
+        terms["states"] += terms["sampler_copy"]
+        terms["update_beside_sampling"] = terms["kv_cache"] + max(terms["activations"], terms["aux_backward"],
+                                                                   terms["optimizer_step"])
     return terms
 
 
 TRANSIENTS = {"activations": "update", "aux_backward": "aux. backward", "optimizer_step": "optimizer step",
-              "kv_cache": "sampling", "eval_sampling": "evaluation", "checkpoint_write": "checkpoint"}
+              "kv_cache": "sampling", "eval_sampling": "evaluation", "checkpoint_write": "checkpoint",
+              "update_beside_sampling": "update + sampling beside it"}
 """The transient terms, by the phase each belongs to (the plan's ``peak`` column)."""
 
 

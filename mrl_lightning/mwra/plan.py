@@ -108,6 +108,7 @@ def build_plan(
     eval_prompts: int = 0,
     eval_generations: int = 0,
     compress: bool = False,
+    sampler_copy: bool = False,
 ) -> list[PolicyPlacement]:
     """One :class:`PolicyPlacement` per policy.
 
@@ -124,12 +125,13 @@ def build_plan(
             0 = evaluation not counted).
         eval_generations: ``trainer.eval_num_generations``.
         compress: ``trainer.compress_checkpoints``.
+        sampler_copy: ``trainer.async_rollouts`` (a second copy of the weights; :func:`policy_memory_terms`).
     """
     rows = []
     for name, ranks in placement.groups.items():
         shape = shapes.get(name)
         workload = dict(eval_prompts_per_rank=-(-eval_prompts // len(ranks)), eval_generations=eval_generations,
-                        compress=compress)
+                        compress=compress, sampler_copy=sampler_copy)
         per_rank = -(-batch_size // len(ranks))
         terms = policy_memory_terms(shape, policies[name], per_rank, len(ranks), **workload) if shape else {}
         phase, peak = largest_transient(terms, host=device == "cpu") if shape else ("?", None)
@@ -320,7 +322,7 @@ def plan_resources(placement: Placement, shapes: dict[str, ModelShape | None], p
             ``bf16-mixed``'s cast copies of the weights, 2 bytes a parameter, fall inside that, docs/mwra.md).
         devices_per_node: Worker processes per node.
         num_threads: ``trainer.num_threads`` (None = derived as above).
-        **workload: ``eval_prompts``, ``eval_generations``, ``compress`` (:func:`build_plan`).
+        **workload: ``eval_prompts``, ``eval_generations``, ``compress``, ``sampler_copy`` (:func:`build_plan`).
 
     Returns:
         The plan as text, and the threads per worker.

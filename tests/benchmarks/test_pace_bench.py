@@ -121,3 +121,27 @@ def test_sampling_beside_the_update_hides_the_shorter_of_the_two(pace):
     assert beside == pytest.approx(8.0, rel=0.02)  # b's 6 s of sampling hides in its 8 s update (batch 1 first)
     slow = {"a": [10.0] * 40, "b": [1.0] * 40}  # sampling longer than the update: the update hides in it
     assert pace.simulate_beside(slow, {"a": [3.0] * 40, "b": [3.0] * 40}) == pytest.approx(10.0, rel=0.02)
+
+
+def test_solo_steps_count_as_busy_time_and_as_steps_of_their_policy(pace, tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    _write_run(tmp_path / "lockstep", 5, wait_a=2.0)
+    writer = SummaryWriter(str(tmp_path / "solo"))
+    for s in range(1, 6):  # a's idle 2 s spent on a solo step every other round (8 s): 13 s a round on average
+        writer.add_scalar("train/elapsed_s", 13.0 * s, s)
+        solo = 8.0 if s % 2 == 0 else 0.0
+        writer.add_scalar("solo/a/steps", 1.0 if solo else 0.0, s)
+        for p, phases in (("a", {"solo_s": solo, "wait_s": 0.0 if solo else 5.0}), ("b", {"wait_s": 3.0 if solo else 0.0})):
+            for tag, value in {"rollout_s": 3.0, "update_s": 5.0, **phases}.items():
+                writer.add_scalar(f"mwra/{p}/{tag}", value, s)
+    writer.close()
+    text = pace.report(tmp_path, ["lockstep", "solo"], {})
+    solo = pace.summarize(pace.read_run(tmp_path / "solo"))["policies"]
+    # steps 2-5: 4 rounds and 2 solo steps of a in 52 s; b its 4 rounds
+    assert solo["a"]["steps_per_100_s"] == pytest.approx(100 * 6 / 52) and solo["b"]["steps_per_100_s"] == \
+        pytest.approx(100 * 4 / 52)
+    assert solo["a"]["idle_share"] == pytest.approx(10.0 / (4 * 8.0 + 16.0 + 10.0))  # solo_s is busy time
+    assert "a 11.5 (1.38x), b 7.7 (0.92x)" in text  # against lockstep's 4 steps in 48 s
+    # simulated from the solo arm's phases: a's solo step counts with its round's sampling, (8 + 16 + 8 + 16 + 8) / 5
+    assert "max_lag 0: 11.20" in pace.report(tmp_path, ["solo", "lockstep"], {})

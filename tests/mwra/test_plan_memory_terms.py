@@ -166,3 +166,16 @@ def test_plan_rows_carry_the_tokenizer_and_checkpoint_terms():
     rows = build_plan(placement, {"a": SHAPE, "b": SHAPE}, policies, 1, "cpu", "s", "32-true", 1)
     assert [r.tokenizer_gib * GIB for r in rows] == [3584 * 1000, 0.0]
     assert [r.checkpoint_gib * GIB for r in rows] == [12 * 10_000, 12 * 10_000]
+
+
+def test_sampling_beside_the_update_keeps_a_second_copy_of_the_weights_and_adds_the_two_transients():
+    from mrl_lightning.mwra.memory import largest_transient
+
+    plain = policy_memory_terms(SHAPE, _policy(), 1)
+    beside = policy_memory_terms(SHAPE, _policy(), 1, sampler_copy=True)
+    # trainer.async_rollouts: the sampler view's float32 copy of the whole model stays resident
+    assert beside["sampler_copy"] == 4 * 10_000 and beside["states"] == plain["states"] + 40_000
+    # the next batch's sampling runs during the update: its transient and the update's largest coexist
+    assert beside["update_beside_sampling"] == plain["kv_cache"] + plain["activations"] == 49_792 + 244_864
+    assert largest_transient(beside) == ("update + sampling beside it", 294_656)
+    assert "sampler_copy" not in plain and "update_beside_sampling" not in plain  # a plan without it is unchanged

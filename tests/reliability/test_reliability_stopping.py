@@ -277,7 +277,7 @@ def test_ctrl_c_in_a_one_process_run_prints_the_hint_once_without_a_traceback(wr
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("mrl_lightning.loop.trainer.policy_update", interrupted)
+    monkeypatch.setattr("mrl_lightning.loop.policy_step.policy_update", interrupted)
     config = write_tiny_config(modify=lambda c: c["trainer"].update(max_steps=3, version="ctrl_c"))
     assert main(["fit", "--config", str(config)]) == 130
     captured = capsys.readouterr()
