@@ -228,10 +228,13 @@ class Pace:
             self.log(logged, step=at)
         return [logged for _, logged in ready]
 
-    def flush(self) -> None:
-        """Rank 0 logs every window not yet logged, waiting for the peers' (at a checkpoint and at the end)."""
-        for at, logged in self._logs_ready(block=True) if self.store is not None else []:
+    def flush(self) -> list[dict[str, float]]:
+        """Rank 0 logs every window not yet logged, waiting for the peers' (at a checkpoint and at the end); returns
+        the combined metrics it logged, oldest first."""
+        ready = self._logs_ready(block=True) if self.store is not None else []
+        for at, logged in ready:
             self.log(logged, step=at)
+        return [logged for _, logged in ready]
 
     def _logs_ready(self, block: bool) -> list[tuple[int, dict[str, float]]]:
         ranks, out = range(self.workers.placement.world_size), []

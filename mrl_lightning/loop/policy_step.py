@@ -103,7 +103,8 @@ def steps_per_round_errors(steps_per_round: dict[str, float] | None, policies: d
                           + (f"; did you mean {close[0]!r}?" if close else "."))
             continue
         if isinstance(k, bool) or not isinstance(k, (int, float)) or not math.isfinite(k) or k < 1 or k > 64:
-            errors.append(f"{where}={k!r} must be a number from 1 to 64: training steps of {name!r} per exchange "
+            errors.append(f"{where}={'null' if k is None else repr(k)} must be a number from 1 to 64: training steps "
+                          f"of {name!r} per exchange "
                           "round, on average (1 = one, as its peers; 1.5 = a second step every other round).")
             continue
         if k > 1 and async_rollouts:
@@ -124,10 +125,21 @@ def check_resume_steps_per_round(counters: dict[str, Any], steps_per_round: dict
     """
     saved = {name: Fraction(k) for name, k in counters.get("steps_per_round", {}).items()}
     if saved != rates(steps_per_round):
-        flag = "{" + ", ".join(f'"{n}": {float(k)!r}' for n, k in saved.items()) + "}"  # the value written
-        raise ConfigError(f"trainer.steps_per_round={dict(steps_per_round or {})}, but {path} was written with "
-                          f"{ {n: float(k) for n, k in saved.items()} or 'none above 1'}: how many steps each round "
-                          f"takes depends on it. Resume with --trainer.steps_per_round '{flag}'.")
+        def said(values: dict) -> str:  # as the flag takes it; "none above 1" for {} and null
+            return "{" + ", ".join(f'"{n}": {float(k)!r}' for n, k in values.items()) + "}" if values else "none above 1"
+
+        flag = f"'{said(saved)}'" if saved else "null"
+        raise ConfigError(f"trainer.steps_per_round is {said(rates(steps_per_round))} here, but {path} was written "
+                          f"with {said(saved)}: how many steps each round takes depends on it. Resume with "
+                          f"--trainer.steps_per_round {flag}.")
+
+
+def rates_line(steps_per_round: dict[str, float] | None) -> str:
+    """The plan's line for the rates above 1 ("" without any)."""
+    above = rates(steps_per_round)
+    return "" if not above else "\nsteps per exchange round: " + ", ".join(
+        f"{name} {float(k):g} (its extra steps are solo steps on its own prompts)" for name, k in above.items()) + \
+        ", every other policy 1 (docs/mwra.md, \"Steps per round\")"
 
 
 def round_counters(steps_per_round: dict[str, float] | None) -> dict[str, Any]:

@@ -136,7 +136,7 @@ class ReplayLog:
                 raise ReplayMismatch(
                     f"mrl replay: batch {step} of {name!r} differs from the run's log ({differs}): this replay "
                     "does not reproduce the run. Either the log or --ckpt_path is not that run's (or not whole), or "
-                    "the settings differ: replay with the run's config.yaml (seed, max_lag, async_rollouts) and "
+                    "the settings differ: replay with the run's config.yaml (seed, max_lag, async_rollouts, steps_per_round) and "
                     "threads (--trainer.num_threads as each of its workers had); a policy that ran on several ranks "
                     "is equal only up to rounding. --verify false trains on anyway (a counterfactual run against "
                     "the same peer records).")
@@ -168,7 +168,8 @@ def _read(path: str) -> tuple[list, bool]:
     except (OSError, ValueError, ImportError) as exc:
         raise ConfigError(f"Invalid replay:\n  - --exchange_log={path!r} cannot be read ({exc}); give the "
                           "exchange log the run wrote (SharedExperienceExchange.log_path: a relative one is in "
-                          "its run folder, e.g. runs/version_0/exchange.jsonl).") from None
+                          "its run folder, e.g. runs/version_0/exchange.jsonl; the shipped configs write none: "
+                          "docs/see.md, \"Replay\").") from None
     return records, any("torn" in str(w.message) for w in said)
 
 

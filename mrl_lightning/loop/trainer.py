@@ -40,8 +40,8 @@ from mrl_lightning.mwra import Workers, devices_present, resolve_devices
 from mrl_lightning.mwra.plan import slow_cpu_bf16_line
 from mrl_lightning.mwra.process import peak_memory_gib, release_free_memory
 from mrl_lightning.config.preflight import check_before_build, make_fabric, trainer_errors
-from mrl_lightning.loop.policy_step import (check_resume_steps_per_round, compose_and_update, round_counters,
-                                            solo_steps, steps_per_round_errors)
+from mrl_lightning.loop.policy_step import (check_resume_steps_per_round, compose_and_update, rates_line,
+                                            round_counters, solo_steps, steps_per_round_errors)
 from mrl_lightning.loop.pace import Pace, check_resume_lag, lag_errors, step_wait_metrics
 from mrl_lightning.loop.prefetch import Prefetch, async_errors, check_resume_async, sample_batch
 from mrl_lightning.loop.progress import RunProgress, done_line, stop_context
@@ -98,8 +98,9 @@ class MRLTrainer(Replay):
         async_rollouts: Sample the next batch on a thread beside each update, from the weights before it
             (docs/mwra.md, "Rollouts during the update"): every batch one update older (``max_lag + 1``), the
             same results however the two overlap; :mod:`mrl_lightning.loop.prefetch`.
-        steps_per_round: Policy -> its training steps per exchange round, on average (>= 1; e.g. ``{smollm2: 1.5}``):
-            the extra ones are solo steps on its own prompts (:mod:`mrl_lightning.loop.policy_step`); None = 1 each.
+        steps_per_round: Policy -> its training steps per exchange round, on average, from 1 to 64 (e.g. ``{smollm2:
+            1.5}``): the extra ones are solo steps on its own prompts (:mod:`mrl_lightning.loop.policy_step`); null = 1
+            each. Checked against the policies before any model is built.
 
     Raises:
         ConfigError: invalid values (all at once), an accelerator this machine does not have, or a
@@ -132,7 +133,7 @@ class MRLTrainer(Replay):
         seed: int | None = None,
         max_lag: int = 0,
         async_rollouts: bool = False,
-        steps_per_round: dict[str, float] | None = None,
+        steps_per_round: dict[str, Any] | None = None,
     ) -> None:
         errors = trainer_errors(max_steps=max_steps, log_every_n_steps=log_every_n_steps,
                                 eval_every_n_steps=eval_every_n_steps, keep_checkpoints=keep_checkpoints,
@@ -265,7 +266,8 @@ class MRLTrainer(Replay):
         self.pace.async_rollouts, self.prefetch = self.async_rollouts, Prefetch(self.async_rollouts, self.fabric.device)
         self.logger._version = w.broadcast_from_zero(self.logger.version, "run folder")
         self.ctx.workers, self.ctx.log_dir, self.ctx.is_global_zero = w, self.log_dir, self.is_global_zero
-        self.print("Resource plan (MWRA):\n" + (f"{self.devices_note}\n" if self.devices_note else "") + checked.plan_text)
+        self.print("Resource plan (MWRA):\n" + (f"{self.devices_note}\n" if self.devices_note else "") + checked.plan_text
+                   + rates_line(self.steps_per_round))
         with w.phase("build"):
             self._modules = build_on_rank(model, datamodule, w, self.fabric, self.print_any_rank,
                                           resuming=checkpoint is not None)
@@ -324,7 +326,9 @@ class MRLTrainer(Replay):
                 if self.checkpoint_every_n_steps and self.global_step % self.checkpoint_every_n_steps == 0 \
                         and self.global_step < self.max_steps:
                     self.save_checkpoint(model, datamodule)
-            self.pace.flush()  # rank 0, with a lag: the windows of the last steps
+            for logged in self.pace.flush():  # rank 0, with a lag: the windows of the last steps
+                shown.update(logged)
+            progress.update(self.global_step, shown, self.last_eval)
 
     def training_step(self, model, datamodule) -> dict[str, float] | None:
         """One training step of every policy this rank runs (docs/loop.md); returns this rank's scalars of it.

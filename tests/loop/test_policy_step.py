@@ -59,3 +59,12 @@ def test_a_resume_under_another_setting_is_refused_naming_the_flag_that_resumes(
         check_resume_steps_per_round(saved, {"smollm2": 2}, "a.ckpt")
     with pytest.raises(ConfigError, match="written with none above 1"):
         check_resume_steps_per_round({}, {"smollm2": 2}, "a.ckpt")
+
+
+def test_the_plan_names_the_rates_and_a_resume_without_any_is_told_to_pass_null():
+    from mrl_lightning.loop.policy_step import rates_line
+
+    assert rates_line(None) == "" and rates_line({"smollm2": 1}) == ""
+    assert "steps per exchange round: smollm2 1.25 (its extra steps are solo steps" in rates_line({"smollm2": 1.25})
+    with pytest.raises(ConfigError, match=r'is \{"smollm2": 2.0\} here, .* --trainer.steps_per_round null\.$'):
+        check_resume_steps_per_round({}, {"smollm2": 2}, "a.ckpt")
