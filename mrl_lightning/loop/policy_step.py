@@ -80,7 +80,8 @@ def compose_and_update(trainer, model, name: str, scored, keep, metrics: dict[st
 def rates(steps_per_round: dict[str, float] | None) -> dict[str, Fraction]:
     """``trainer.steps_per_round`` as exact fractions of its decimal values (1.3 is 13/10, not a binary float), the
     policies above 1 only."""
-    return {name: Fraction(str(k)) for name, k in (steps_per_round or {}).items() if Fraction(str(k)) > 1}
+    exact = {name: Fraction(str(k)) for name, k in (steps_per_round or {}).items()}
+    return {name: k for name, k in exact.items() if k > 1}
 
 
 def solo_count(rate: Fraction | None, round_: int) -> int:
@@ -160,7 +161,7 @@ def solo_steps(trainer, model, datamodule, metrics: dict[str, float]) -> None:
     from mrl_lightning.loop.prefetch import sample_batch
 
     w, round_ = trainer.workers, trainer.rollout_step + 1
-    for name, rate in rates(trainer.steps_per_round).items():
+    for name, rate in trainer.solo_rates.items():
         count, policy = solo_count(rate, round_), model.policies[name]
         drawn = [datamodule.extra_batch(f"solo/{name}", round_, j, set()) for j in range(1, count + 1)]
         trainer.optimizer_steps[name] += count * policy.num_iterations

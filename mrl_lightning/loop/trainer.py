@@ -40,7 +40,7 @@ from mrl_lightning.mwra import Workers, devices_present, resolve_devices
 from mrl_lightning.mwra.plan import slow_cpu_bf16_line
 from mrl_lightning.mwra.process import peak_memory_gib, release_free_memory
 from mrl_lightning.config.preflight import check_before_build, make_fabric, trainer_errors
-from mrl_lightning.loop.policy_step import (check_resume_steps_per_round, compose_and_update, rates_line,
+from mrl_lightning.loop.policy_step import (check_resume_steps_per_round, compose_and_update, rates, rates_line,
                                             round_counters, solo_steps, steps_per_round_errors)
 from mrl_lightning.loop.pace import Pace, check_resume_lag, lag_errors, step_wait_metrics
 from mrl_lightning.loop.prefetch import Prefetch, async_errors, check_resume_async, sample_batch
@@ -149,7 +149,7 @@ class MRLTrainer(Replay):
             raise ConfigError(fit)
         devices, placement, self.devices_note = fit.devices, fit.placement, fit.note  # docs/mwra.md, "One GPU"
         self.max_steps, self.max_lag, self.async_rollouts = max_steps, max_lag, async_rollouts
-        self.steps_per_round = steps_per_round
+        self.steps_per_round, self.solo_rates = steps_per_round, {}  # the rates above 1, exact, once checked (_fit)
         self.callbacks: list[MRLCallback] = list(callbacks or [])
         self.log_every_n_steps, self.eval_every_n_steps = log_every_n_steps, eval_every_n_steps
         self.checkpoint_every_n_steps, self.keep_checkpoints = checkpoint_every_n_steps, keep_checkpoints
@@ -245,6 +245,7 @@ class MRLTrainer(Replay):
                   + steps_per_round_errors(self.steps_per_round, model.policies, self.async_rollouts))
         if errors:
             raise ConfigError("Invalid trainer config:\n  - " + "\n  - ".join(errors))
+        self.solo_rates = rates(self.steps_per_round)
         try:
             checked = check_before_build(self, model, datamodule, ckpt_path)
         except ConfigError as exc:  # say that the devices were lowered, if they were
@@ -344,7 +345,7 @@ class MRLTrainer(Replay):
         w = self.workers
         start, before = self.pace.begin(), w.take_waits()  # before: the last log step's metric gather, ...
         metrics: dict[str, float] = {}
-        if self.steps_per_round and self.rollout_step < self.max_steps:  # a faster policy's own steps, first
+        if self.solo_rates and self.rollout_step < self.max_steps:  # a faster policy's own steps, first
             solo_steps(self, model, datamodule, metrics)
         sampled = self._sample(model, datamodule, metrics) if self.rollout_step < self.max_steps else None
         train = self.pace.queue(self.rollout_step, self.max_steps, sampled, self._sampled_after)
